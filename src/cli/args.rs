@@ -1,0 +1,59 @@
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dedupq",
+    version,
+    about = "Exactly-once effects over at-least-once Kafka and RabbitMQ delivery"
+)]
+pub struct Cli {
+    /// TOML configuration file (settings from DEDUPQ__SECTION__FIELD
+    /// environment variables override it).
+    #[arg(long, short, global = true, env = "DEDUPQ_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the key-table migrations and exit.
+    Migrate,
+    /// Print the effective configuration (secrets hidden) and exit.
+    Config,
+    /// Inspect and repair idempotency keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Show one key's row as JSON.
+    Show { tenant: String, key: String },
+    /// List keys: stuck ones (in_progress past the lease, unknown) by default.
+    List {
+        /// Only keys with this status (in_progress, done, failed, unknown).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only keys whose outcome is unknown.
+        #[arg(long, conflicts_with = "status")]
+        unknown: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// End an open key's lease now so the next delivery takes it over; writes an audit row.
+    Release {
+        tenant: String,
+        key: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Delete done/failed keys finished longer ago than the given age (e.g. 24h).
+    Purge {
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: std::time::Duration,
+    },
+}

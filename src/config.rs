@@ -1,0 +1,313 @@
+//! One typed configuration tree: defaults, then a TOML file, then
+//! environment variables (`DEDUPQ__SECTION__FIELD`). Validated at start-up;
+//! a bad value stops the process with the setting's name and the fix.
+
+use crate::fingerprint::FingerprintSpec;
+use crate::transport::amqp::AmqpSettings;
+use crate::transport::kafka::KafkaSettings;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub store: StoreSettings,
+    pub engine: EngineSettings,
+    pub identity: IdentitySettings,
+    pub retention: RetentionSettings,
+    pub handler: HandlerSettings,
+    pub kafka: KafkaSettings,
+    pub amqp: AmqpSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+}
+
+/// A URL that may hold a password. Debug and Display never show it.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match url::Url::parse(&self.0) {
+            Ok(mut u) if u.password().is_some() => {
+                let _ = u.set_password(Some("***"));
+                f.write_str(u.as_str())
+            }
+            Ok(u) => f.write_str(u.as_str()),
+            Err(_) => f.write_str("<unparsable url>"),
+        }
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretUrl({self})")
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    pub url: SecretUrl,
+    /// Schema holding the key table; None: the connection's search_path.
+    pub schema: Option<String>,
+    pub max_connections: u32,
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::new("postgres://postgres:postgres@127.0.0.1:5432/postgres"),
+            schema: None,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSettings {
+    /// How long a claim is exclusive without renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// How often running handlers' leases are extended.
+    #[serde(with = "humantime_serde")]
+    pub renew_every: Duration,
+    /// Handler runs per process at once.
+    pub concurrency: usize,
+    /// Attempts (first try included) before a transient failure is final.
+    pub max_attempts: u32,
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff_max: Duration,
+    /// Most messages claimed in one statement.
+    pub max_batch: usize,
+    /// Name written into claimed rows; default: host-pid-random.
+    pub owner: Option<String>,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            renew_every: Duration::from_secs(10),
+            concurrency: 64,
+            max_attempts: 5,
+            retry_backoff_min: Duration::from_millis(200),
+            retry_backoff_max: Duration::from_secs(10),
+            max_batch: 500,
+            owner: None,
+        }
+    }
+}
+
+/// Where the tenant of a message comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "from", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TenantSource {
+    /// A header set where the deployment authenticates the sender.
+    Header { name: String },
+    /// Every message of this deployment belongs to one tenant.
+    Fixed { tenant: String },
+    /// A JSON pointer into the body; only where no header can be trusted.
+    Body { pointer: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IdentitySettings {
+    pub tenant: TenantSource,
+    /// Header carrying the idempotency key (AMQP falls back to message_id).
+    pub key_header: String,
+    /// If set, the key is read from this JSON pointer when the header is absent.
+    pub key_pointer: Option<String>,
+    pub max_body_bytes: usize,
+    pub fingerprint: FingerprintSpec,
+}
+
+impl Default for IdentitySettings {
+    fn default() -> Self {
+        Self {
+            tenant: TenantSource::Header {
+                name: "client-id".into(),
+            },
+            key_header: "idempotency-key".into(),
+            key_pointer: None,
+            max_body_bytes: 1024 * 1024,
+            fingerprint: FingerprintSpec::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Finished keys are kept this long, then purged.
+    #[serde(with = "humantime_serde")]
+    pub keep: Duration,
+    /// The longest a message may be redelivered after its first delivery
+    /// (consumer lag you tolerate, delay queues, producer retries).
+    #[serde(with = "humantime_serde")]
+    pub redelivery_horizon: Duration,
+    #[serde(with = "humantime_serde")]
+    pub purge_every: Duration,
+    pub purge_batch: i64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self {
+            keep: Duration::from_secs(24 * 3600),
+            redelivery_horizon: Duration::from_secs(6 * 3600),
+            purge_every: Duration::from_secs(60),
+            purge_batch: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandlerKind {
+    /// POST to `handler.url` with the derived idempotency key.
+    Http,
+    /// `http` against the bundled provider simulator.
+    Payment,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HandlerSettings {
+    pub kind: HandlerKind,
+    pub url: String,
+    /// Per-request timeout; must be shorter than the lease.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for HandlerSettings {
+    fn default() -> Self {
+        Self {
+            kind: HandlerKind::Payment,
+            url: "http://127.0.0.1:8081/charges".into(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address of /metrics, /healthz and /readyz.
+    pub listen: SocketAddr,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// tracing-subscriber filter, e.g. `info,dedupq=debug`.
+    pub filter: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info".into(),
+        }
+    }
+}
+
+/// A setting that stops start-up: which one, what is wrong, how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{setting}` (env DEDUPQ__{env}): {problem}. Fix: {fix}")]
+pub struct ConfigError {
+    pub setting: String,
+    pub env: String,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: &str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            setting: setting.to_string(),
+            env: setting.replace('.', "__").to_uppercase(),
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults, then the TOML file (if given), then `DEDUPQ__…` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!("file {} does not exist", path.display()),
+                    "pass the path of a TOML file, or omit --config",
+                ));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let settings: Settings = figment
+            .merge(Env::prefixed("DEDUPQ__").split("__"))
+            .extract()
+            .map_err(|e| {
+                let setting = e.path.join(".");
+                ConfigError::new(
+                    if setting.is_empty() {
+                        "<root>"
+                    } else {
+                        &setting
+                    },
+                    e.kind.to_string(),
+                    "see the configuration reference in README.md",
+                )
+            })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::config_check::validate(self)
+    }
+}

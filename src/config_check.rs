@@ -1,0 +1,137 @@
+//! Start-up validation of the configuration tree. Each rule names the
+//! setting and the fix.
+
+use crate::config::{ConfigError, Settings, TenantSource};
+use crate::identity::Tenant;
+
+pub fn validate(s: &Settings) -> Result<(), ConfigError> {
+    check_store(s)?;
+    check_engine(s)?;
+    check_identity(s)?;
+    check_retention(s)?;
+    Ok(())
+}
+
+fn check_store(s: &Settings) -> Result<(), ConfigError> {
+    let url = s.store.url.expose();
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(ConfigError::new(
+            "store.url",
+            format!("'{}' is not a PostgreSQL URL", s.store.url),
+            "use postgres://user:password@host:5432/database",
+        ));
+    }
+    if s.store.max_connections == 0 {
+        return Err(ConfigError::new(
+            "store.max_connections",
+            "must be at least 1",
+            "set it to 4..16",
+        ));
+    }
+    Ok(())
+}
+
+fn check_engine(s: &Settings) -> Result<(), ConfigError> {
+    let e = &s.engine;
+    if e.renew_every.is_zero() || e.renew_every * 2 > e.lease {
+        return Err(ConfigError::new(
+            "engine.renew_every",
+            format!(
+                "{:?} leaves no margin inside the {:?} lease",
+                e.renew_every, e.lease
+            ),
+            "renew at most every lease/2 (lease/3 is a good choice)",
+        ));
+    }
+    if s.handler.timeout >= e.lease {
+        return Err(ConfigError::new(
+            "handler.timeout",
+            format!(
+                "{:?} is not shorter than the {:?} lease",
+                s.handler.timeout, e.lease
+            ),
+            "make the handler timeout shorter than engine.lease",
+        ));
+    }
+    if e.concurrency == 0 || e.max_batch == 0 || e.max_attempts == 0 {
+        return Err(ConfigError::new(
+            "engine.concurrency",
+            "engine.concurrency, engine.max_batch and engine.max_attempts must be at least 1",
+            "set positive values",
+        ));
+    }
+    if e.retry_backoff_min > e.retry_backoff_max {
+        return Err(ConfigError::new(
+            "engine.retry_backoff_min",
+            "is larger than engine.retry_backoff_max",
+            "make the minimum backoff at most the maximum",
+        ));
+    }
+    Ok(())
+}
+
+fn check_identity(s: &Settings) -> Result<(), ConfigError> {
+    let id = &s.identity;
+    match &id.tenant {
+        TenantSource::Header { name } if name.is_empty() => {
+            return Err(ConfigError::new(
+                "identity.tenant.name",
+                "is empty",
+                "name the header that carries the tenant, e.g. client-id",
+            ))
+        }
+        TenantSource::Fixed { tenant } if Tenant::parse(tenant.as_bytes()).is_err() => {
+            return Err(ConfigError::new(
+                "identity.tenant.tenant",
+                format!("'{tenant}' is not a valid tenant"),
+                "use 1..=128 visible ASCII characters without ':'",
+            ))
+        }
+        TenantSource::Body { pointer } if !pointer.starts_with('/') => {
+            return Err(ConfigError::new(
+                "identity.tenant.pointer",
+                format!("'{pointer}' is not a JSON pointer"),
+                "start it with '/', e.g. /client_id",
+            ))
+        }
+        _ => {}
+    }
+    if id.max_body_bytes == 0 {
+        return Err(ConfigError::new(
+            "identity.max_body_bytes",
+            "must be at least 1",
+            "the default is 1048576 (1 MiB)",
+        ));
+    }
+    id.fingerprint.validate().map_err(|problem| {
+        ConfigError::new("identity.fingerprint", problem, "fix the pointer list")
+    })
+}
+
+fn check_retention(s: &Settings) -> Result<(), ConfigError> {
+    let r = &s.retention;
+    // A message redelivered after its key was purged would run again.
+    let retry_span = s.engine.retry_backoff_max * s.engine.max_attempts;
+    let horizon = r.redelivery_horizon.max(retry_span);
+    if r.keep <= horizon {
+        return Err(ConfigError::new(
+            "retention.keep",
+            format!(
+                "{} is not longer than the redelivery horizon {} (retention.redelivery_horizon, \
+                 or engine.retry_backoff_max x engine.max_attempts): a redelivered message \
+                 could find its key purged and charge again",
+                humantime::format_duration(r.keep),
+                humantime::format_duration(horizon)
+            ),
+            "keep finished keys longer than the longest redelivery delay",
+        ));
+    }
+    if r.purge_batch <= 0 {
+        return Err(ConfigError::new(
+            "retention.purge_batch",
+            "must be at least 1",
+            "the default is 1000",
+        ));
+    }
+    Ok(())
+}

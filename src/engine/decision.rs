@@ -1,0 +1,116 @@
+//! What the engine decided for one message, for the transport to apply.
+
+use super::message::InvalidReason;
+use crate::fingerprint::Fingerprint;
+use crate::identity::{Epoch, Identity};
+use crate::store::StoredResult;
+use std::time::Duration;
+
+/// The outcome label of DESIGN section 3 (also the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Processed,
+    Duplicate,
+    InFlight,
+    Takeover,
+    Conflict,
+    Invalid,
+    Failed,
+    Retried,
+    Unknown,
+    /// The worker's write was fenced: another worker owns the key now.
+    LeaseLost,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Processed,
+        Outcome::Duplicate,
+        Outcome::InFlight,
+        Outcome::Takeover,
+        Outcome::Conflict,
+        Outcome::Invalid,
+        Outcome::Failed,
+        Outcome::Retried,
+        Outcome::Unknown,
+        Outcome::LeaseLost,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Processed => "processed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::InFlight => "in_flight",
+            Outcome::Takeover => "takeover",
+            Outcome::Conflict => "conflict",
+            Outcome::Invalid => "invalid",
+            Outcome::Failed => "failed",
+            Outcome::Retried => "retried",
+            Outcome::Unknown => "unknown",
+            Outcome::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+/// Why a message goes to the dead-letter topic or exchange.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetterReason {
+    Invalid(InvalidReason),
+    /// Same key, different operation.
+    Conflict,
+    /// Transient failures on every allowed attempt; the key is stored failed.
+    ExhaustedRetries,
+    /// Outcome still unknown after every allowed attempt; the key stays
+    /// `unknown` for an operator to reconcile.
+    OutcomeUnknown,
+}
+
+impl DeadLetterReason {
+    pub fn label(&self) -> &'static str {
+        match self {
+            DeadLetterReason::Invalid(r) => r.label(),
+            DeadLetterReason::Conflict => "conflict",
+            DeadLetterReason::ExhaustedRetries => "exhausted_retries",
+            DeadLetterReason::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// The outcome is durable: commit the offset / ack the delivery. The
+    /// result (fresh or stored) goes to a reply destination if there is one.
+    Commit { reply: Option<StoredResult> },
+    /// Publish to the dead-letter destination (confirmed), then commit/ack.
+    DeadLetter {
+        reason: DeadLetterReason,
+        detail: String,
+    },
+    /// Nothing durable yet: deliver this message again after `after`
+    /// (Kafka: re-claim in place; RabbitMQ: through the delay queue).
+    RetryLater { after: Duration },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub action: Action,
+    pub identity: Option<Identity>,
+    pub fingerprint: Option<Fingerprint>,
+    pub epoch: Option<Epoch>,
+}
+
+impl Decision {
+    pub fn invalid(reason: InvalidReason) -> Self {
+        Self {
+            outcome: Outcome::Invalid,
+            action: Action::DeadLetter {
+                detail: reason.to_string(),
+                reason: DeadLetterReason::Invalid(reason),
+            },
+            identity: None,
+            fingerprint: None,
+            epoch: None,
+        }
+    }
+}

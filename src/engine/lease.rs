@@ -1,0 +1,110 @@
+//! Keeps the leases of running handlers alive, and stops a handler whose
+//! lease cannot be kept before it ends (so a live but cut-off worker never
+//! overlaps with the worker that takes over).
+
+use crate::identity::{Epoch, Identity};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+struct Slot {
+    active: bool,
+    deadline: Instant,
+    lost: CancellationToken,
+}
+
+pub struct LeaseKeeper<'a> {
+    claims: Vec<(&'a Identity, Epoch)>,
+    slots: Mutex<Vec<Slot>>,
+}
+
+impl<'a> LeaseKeeper<'a> {
+    /// `claimed_at` is when the claim statement was sent: the lease in the
+    /// database ends no earlier than `claimed_at + lease`.
+    pub fn new(claims: Vec<(&'a Identity, Epoch)>, claimed_at: Instant, lease: Duration) -> Self {
+        let slots = claims
+            .iter()
+            .map(|_| Slot {
+                active: true,
+                deadline: claimed_at + lease,
+                lost: CancellationToken::new(),
+            })
+            .collect();
+        Self {
+            claims,
+            slots: Mutex::new(slots),
+        }
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        // A poisoned lock only means another thread panicked mid-update of
+        // plain flags; the data is still usable.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancelled when claim `i` can no longer be trusted to be ours.
+    pub fn lost_signal(&self, i: usize) -> CancellationToken {
+        self.slots()[i].lost.clone()
+    }
+
+    /// Stop renewing claim `i` (its handler finished).
+    pub fn forget(&self, i: usize) {
+        self.slots()[i].active = false;
+    }
+
+    /// Renews every active claim each `every`, until dropped.
+    pub async fn run(&self, store: &Store, metrics: &Metrics, every: Duration, lease: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            let active: Vec<usize> = self
+                .slots()
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.active)
+                .map(|(i, _)| i)
+                .collect();
+            if active.is_empty() {
+                continue;
+            }
+            let batch: Vec<(&Identity, Epoch)> = active.iter().map(|&i| self.claims[i]).collect();
+            let started = Instant::now();
+            let renewed = tokio::time::timeout(every, store.renew_leases(&batch, lease)).await;
+            let mut slots = self.slots();
+            match renewed {
+                Ok(Ok(held)) => {
+                    for (&i, held) in active.iter().zip(held) {
+                        if held {
+                            slots[i].deadline = started + lease;
+                        } else {
+                            metrics.lost_leases.inc();
+                            slots[i].lost.cancel();
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    metrics.store_errors.inc();
+                    tracing::warn!(error = %e, "lease renewal failed");
+                    expire_unsafe(&mut slots, &active, every, metrics);
+                }
+                Err(_) => {
+                    tracing::warn!("lease renewal timed out");
+                    expire_unsafe(&mut slots, &active, every, metrics);
+                }
+            }
+        }
+    }
+}
+
+/// Gives up claims whose lease would end before the next renewal chance.
+fn expire_unsafe(slots: &mut [Slot], active: &[usize], every: Duration, metrics: &Metrics) {
+    let next_chance = Instant::now() + every;
+    for &i in active {
+        if next_chance >= slots[i].deadline && !slots[i].lost.is_cancelled() {
+            metrics.lost_leases.inc();
+            slots[i].lost.cancel();
+        }
+    }
+}

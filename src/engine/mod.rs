@@ -1,0 +1,15 @@
+//! Transport-free decisions: what happens to each message.
+
+mod claimed;
+mod core;
+mod decision;
+mod lease;
+mod message;
+mod options;
+mod transactional;
+
+pub use self::core::{transport_label, Engine};
+pub use decision::{Action, DeadLetterReason, Decision, Outcome};
+pub use message::{Incoming, InvalidReason, Parsed, Parser, Source};
+pub use options::{default_owner, Backoff, EngineOptions};
+pub use transactional::{TransactionalEngine, TransactionalHandler, TxFailure};

@@ -1,0 +1,183 @@
+//! Same-database mode (DESIGN section 2): the handler writes to the same
+//! PostgreSQL inside the claim's transaction, so claim, work and result
+//! commit together or not at all. No lease, no renewal, no fencing needed.
+
+use super::core::transport_label;
+use super::decision::{Action, DeadLetterReason, Decision, Outcome};
+use super::message::{Incoming, Parser};
+use super::options::EngineOptions;
+use crate::handler::{HandlerCall, HandlerResult};
+use crate::metrics::Metrics;
+use crate::store::{
+    ClaimRequest, ClaimResult, Finish, KeyStatus, Store, StoreError, StoredResult, TxClaim,
+};
+use async_trait::async_trait;
+use chrono::Utc;
+use futures::stream::{self, StreamExt};
+use sqlx::PgConnection;
+use std::sync::Arc;
+
+/// Why a transactional handler did not succeed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TxFailure {
+    /// Stored as failed (the handler's own writes are rolled back).
+    Permanent(HandlerResult),
+    /// Everything is rolled back; the message is retried later.
+    Transient(String),
+}
+
+/// A handler whose work is SQL on the claim's own connection.
+#[async_trait]
+pub trait TransactionalHandler: Send + Sync + 'static {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        call: &HandlerCall<'_>,
+    ) -> Result<HandlerResult, TxFailure>;
+}
+
+pub struct TransactionalEngine {
+    store: Store,
+    handler: Arc<dyn TransactionalHandler>,
+    parser: Parser,
+    options: EngineOptions,
+    metrics: Metrics,
+}
+
+impl TransactionalEngine {
+    pub fn new(
+        store: Store,
+        handler: Arc<dyn TransactionalHandler>,
+        parser: Parser,
+        options: EngineOptions,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            store,
+            handler,
+            parser,
+            options,
+            metrics,
+        }
+    }
+
+    /// One transaction per message, up to `concurrency` at once.
+    pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+        let decisions: Vec<Result<Decision, StoreError>> = stream::iter(batch)
+            .map(|msg| self.process_one(msg))
+            .buffered(self.options.concurrency)
+            .collect()
+            .await;
+        let decisions = decisions.into_iter().collect::<Result<Vec<_>, _>>()?;
+        for (msg, d) in batch.iter().zip(&decisions) {
+            self.metrics
+                .messages
+                .with_label_values(&[transport_label(&msg.source), d.outcome.label()])
+                .inc();
+        }
+        Ok(decisions)
+    }
+
+    async fn process_one(&self, msg: &Incoming) -> Result<Decision, StoreError> {
+        let parsed = match self.parser.parse(msg) {
+            Ok(p) => p,
+            Err(reason) => return Ok(Decision::invalid(reason)),
+        };
+        let request = ClaimRequest {
+            identity: &parsed.identity,
+            fingerprint: &parsed.fingerprint,
+        };
+        let decided = |outcome, action| Decision {
+            outcome,
+            action,
+            identity: Some(parsed.identity.clone()),
+            fingerprint: Some(parsed.fingerprint.clone()),
+            epoch: None,
+        };
+        let mut tx = match self
+            .store
+            .claim_in_transaction(&request, &self.options.owner)
+            .await?
+        {
+            TxClaim::Owned(tx) => tx,
+            TxClaim::Settled(ClaimResult::Duplicate(stored)) => {
+                return Ok(decided(
+                    Outcome::Duplicate,
+                    Action::Commit {
+                        reply: Some(stored),
+                    },
+                ))
+            }
+            TxClaim::Settled(ClaimResult::Conflict) => {
+                return Ok(decided(
+                    Outcome::Conflict,
+                    Action::DeadLetter {
+                        reason: DeadLetterReason::Conflict,
+                        detail: "this key was already used for a different operation".into(),
+                    },
+                ))
+            }
+            TxClaim::Settled(_) => {
+                let after = self.options.backoff.min;
+                return Ok(decided(Outcome::InFlight, Action::RetryLater { after }));
+            }
+        };
+        let derived_key = parsed.identity.derived_key();
+        let call = HandlerCall {
+            identity: &parsed.identity,
+            derived_key: &derived_key,
+            body: &parsed.body,
+            attempt: 1,
+            lease_deadline: Utc::now() + self.options.handler_timeout,
+            source: &msg.source,
+        };
+        sqlx::query("SAVEPOINT dedupq_handler")
+            .execute(&mut *tx)
+            .await?;
+        let (outcome, finish) = match self.handler.handle(&mut tx, &call).await {
+            Ok(r) => (
+                Outcome::Processed,
+                Finish::Done {
+                    status: r.status,
+                    body: r.body,
+                },
+            ),
+            Err(TxFailure::Permanent(r)) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT dedupq_handler")
+                    .execute(&mut *tx)
+                    .await?;
+                (
+                    Outcome::Failed,
+                    Finish::Failed {
+                        status: r.status,
+                        body: r.body,
+                    },
+                )
+            }
+            Err(TxFailure::Transient(error)) => {
+                tx.rollback().await?;
+                tracing::info!(identity = %parsed.identity, %error, "transactional handler failed; retrying later");
+                let after = self.options.backoff.after_attempt(1);
+                return Ok(decided(Outcome::Retried, Action::RetryLater { after }));
+            }
+        };
+        Store::finish_in_transaction(&mut tx, &parsed.identity, &finish).await?;
+        tx.commit().await?;
+        let reply = match finish {
+            Finish::Done { status, body } => StoredResult {
+                status: KeyStatus::Done,
+                result_status: status,
+                body,
+            },
+            Finish::Failed { status, body } => StoredResult {
+                status: KeyStatus::Failed,
+                result_status: status,
+                body,
+            },
+            Finish::Release { .. } | Finish::Unknown { .. } => {
+                unreachable!("only done or failed are built above")
+            }
+        };
+        Ok(decided(outcome, Action::Commit { reply: Some(reply) }))
+    }
+}

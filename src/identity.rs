@@ -1,0 +1,184 @@
+//! The identity of a message: who sent it (tenant) and which operation it is
+//! (idempotency key). Both are validated once, here, and carried as newtypes.
+
+use std::fmt;
+
+/// Longest idempotency key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 255;
+/// Longest tenant accepted, in bytes.
+pub const MAX_TENANT_BYTES: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("no tenant: the message carries none where the configuration looks for it")]
+    MissingTenant,
+    #[error("no idempotency key: the message carries none where the configuration looks for it")]
+    MissingKey,
+    #[error("{what} is {len} bytes; the limit is {max}")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{what} must be visible ASCII (0x21..=0x7e){extra}")]
+    NotVisibleAscii {
+        what: &'static str,
+        extra: &'static str,
+    },
+}
+
+fn is_visible_ascii(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+/// A client of the deployment. Scopes every key: the same key under two
+/// tenants is two operations. It may not contain `:` so that the derived
+/// provider key `tenant:key` is unambiguous.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(String);
+
+impl Tenant {
+    pub fn parse(raw: &[u8]) -> Result<Self, IdentityError> {
+        if raw.is_empty() {
+            return Err(IdentityError::MissingTenant);
+        }
+        if raw.len() > MAX_TENANT_BYTES {
+            return Err(IdentityError::TooLong {
+                what: "tenant",
+                len: raw.len(),
+                max: MAX_TENANT_BYTES,
+            });
+        }
+        if !is_visible_ascii(raw) || raw.contains(&b':') {
+            return Err(IdentityError::NotVisibleAscii {
+                what: "tenant",
+                extra: " and may not contain ':'",
+            });
+        }
+        // Visible ASCII is valid UTF-8.
+        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Tenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The sender's name for one operation: 1..=255 bytes of visible ASCII,
+/// compared byte for byte (no case or collation folding).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(raw: &[u8]) -> Result<Self, IdentityError> {
+        if raw.is_empty() {
+            return Err(IdentityError::MissingKey);
+        }
+        if raw.len() > MAX_KEY_BYTES {
+            return Err(IdentityError::TooLong {
+                what: "idempotency key",
+                len: raw.len(),
+                max: MAX_KEY_BYTES,
+            });
+        }
+        if !is_visible_ascii(raw) {
+            return Err(IdentityError::NotVisibleAscii {
+                what: "idempotency key",
+                extra: "",
+            });
+        }
+        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The fencing token of one claim. Every claim or takeover increments it;
+/// every later write carries it and only lands if it still matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Epoch(pub i64);
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// `(tenant, key)`: one operation, whatever transport it arrives on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity {
+    pub tenant: Tenant,
+    pub key: IdempotencyKey,
+}
+
+impl Identity {
+    /// The key sent to the provider (version 1: `tenant:key`). The same on
+    /// every attempt, so a provider that honours idempotency keys recognises
+    /// a retry after a crash.
+    pub fn derived_key(&self) -> String {
+        format!("{}:{}", self.tenant, self.key)
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_of_255_bytes_is_accepted_and_256_is_refused() {
+        assert!(IdempotencyKey::parse(&[b'a'; 255]).is_ok());
+        assert_eq!(
+            IdempotencyKey::parse(&[b'a'; 256]),
+            Err(IdentityError::TooLong {
+                what: "idempotency key",
+                len: 256,
+                max: 255
+            })
+        );
+    }
+
+    #[test]
+    fn keys_with_spaces_or_non_ascii_are_refused() {
+        assert!(IdempotencyKey::parse(b"a b").is_err());
+        assert!(IdempotencyKey::parse("ключ".as_bytes()).is_err());
+        assert_eq!(IdempotencyKey::parse(b""), Err(IdentityError::MissingKey));
+    }
+
+    #[test]
+    fn keys_differing_only_in_case_are_different_keys() {
+        assert_ne!(
+            IdempotencyKey::parse(b"Pay-1").unwrap(),
+            IdempotencyKey::parse(b"pay-1").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_tenant_with_a_colon_is_refused_so_derived_keys_stay_unambiguous() {
+        assert!(Tenant::parse(b"a:b").is_err());
+        let id = Identity {
+            tenant: Tenant::parse(b"acme").unwrap(),
+            key: IdempotencyKey::parse(b"k:1").unwrap(),
+        };
+        assert_eq!(id.derived_key(), "acme:k:1");
+    }
+}

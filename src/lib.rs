@@ -1,0 +1,16 @@
+//! dedupq: exactly-once effects over at-least-once Kafka and RabbitMQ
+//! delivery. Each message's idempotency key is claimed in PostgreSQL before
+//! any work, the handler runs, its outcome is stored, and only then is the
+//! offset committed or the delivery acked.
+
+pub mod cli;
+pub mod config;
+mod config_check;
+pub mod engine;
+pub mod fingerprint;
+pub mod handler;
+pub mod identity;
+pub mod metrics;
+pub mod store;
+pub mod telemetry;
+pub mod transport;

@@ -1,0 +1,163 @@
+//! Every metric dedupq exports: names, labels and buckets in one place.
+//! Labels are low-cardinality by construction: never a key or a tenant.
+
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry,
+};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+pub struct Inner {
+    pub registry: Registry,
+    /// transport, outcome
+    pub messages: IntCounterVec,
+    /// result: won, takeover, duplicate, held, conflict, contended
+    pub claims: IntCounterVec,
+    /// result: success, permanent, transient, unknown
+    pub handler_duration: HistogramVec,
+    pub claim_batch_size: Histogram,
+    /// statement: claim, finish, renew, purge
+    pub store_duration: HistogramVec,
+    pub takeovers: IntCounter,
+    pub fenced_writes: IntCounter,
+    pub lost_leases: IntCounter,
+    /// status
+    pub keys: IntGaugeVec,
+    pub keys_purged: IntCounter,
+    pub store_errors: IntCounter,
+    /// reason
+    pub dead_letters: IntCounterVec,
+    /// topic, partition
+    pub consumer_lag: IntGaugeVec,
+    /// transport: 1 when connected
+    pub broker_up: IntGaugeVec,
+    pub end_to_end: HistogramVec,
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn seconds_buckets() -> Vec<f64> {
+    // 0.5 ms .. ~65 s
+    exponential_buckets(0.0005, 2.0, 18).expect("static buckets are valid")
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        macro_rules! register {
+            ($metric:expr) => {{
+                let m = $metric.expect("static metric definition is valid");
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("metric names are unique");
+                m
+            }};
+        }
+        let inner = Inner {
+            messages: register!(IntCounterVec::new(
+                Opts::new("dedupq_messages_total", "Messages by transport and outcome"),
+                &["transport", "outcome"]
+            )),
+            claims: register!(IntCounterVec::new(
+                Opts::new("dedupq_claims_total", "Claim results by kind"),
+                &["result"]
+            )),
+            handler_duration: register!(HistogramVec::new(
+                HistogramOpts::new("dedupq_handler_duration_seconds", "Handler run time")
+                    .buckets(seconds_buckets()),
+                &["result"]
+            )),
+            claim_batch_size: register!(Histogram::with_opts(
+                HistogramOpts::new("dedupq_claim_batch_size", "Messages per claim statement")
+                    .buckets(exponential_buckets(1.0, 2.0, 12).expect("static buckets"))
+            )),
+            store_duration: register!(HistogramVec::new(
+                HistogramOpts::new(
+                    "dedupq_store_statement_duration_seconds",
+                    "Round-trip time of key-table statements"
+                )
+                .buckets(seconds_buckets()),
+                &["statement"]
+            )),
+            takeovers: register!(IntCounter::new(
+                "dedupq_lease_takeovers_total",
+                "Keys taken over after the previous owner's lease ended"
+            )),
+            fenced_writes: register!(IntCounter::new(
+                "dedupq_fenced_writes_total",
+                "Writes refused because the worker's epoch was stale"
+            )),
+            lost_leases: register!(IntCounter::new(
+                "dedupq_lost_leases_total",
+                "Running handlers whose lease could not be renewed"
+            )),
+            keys: register!(IntGaugeVec::new(
+                Opts::new("dedupq_keys", "Rows in the key table by status (sampled)"),
+                &["status"]
+            )),
+            keys_purged: register!(IntCounter::new(
+                "dedupq_keys_purged_total",
+                "Finished keys deleted by retention"
+            )),
+            store_errors: register!(IntCounter::new(
+                "dedupq_store_errors_total",
+                "Key-table statements that failed"
+            )),
+            dead_letters: register!(IntCounterVec::new(
+                Opts::new(
+                    "dedupq_dead_letters_total",
+                    "Dead-lettered messages by reason"
+                ),
+                &["reason"]
+            )),
+            consumer_lag: register!(IntGaugeVec::new(
+                Opts::new(
+                    "dedupq_kafka_consumer_lag",
+                    "High watermark minus committed offset"
+                ),
+                &["topic", "partition"]
+            )),
+            broker_up: register!(IntGaugeVec::new(
+                Opts::new(
+                    "dedupq_broker_connected",
+                    "1 while the broker connection is up"
+                ),
+                &["transport"]
+            )),
+            end_to_end: register!(HistogramVec::new(
+                HistogramOpts::new(
+                    "dedupq_end_to_end_seconds",
+                    "From receipt to a durable outcome"
+                )
+                .buckets(seconds_buckets()),
+                &["transport"]
+            )),
+            registry,
+        };
+        Self(Arc::new(inner))
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding of gathered metrics cannot fail");
+        String::from_utf8(out).expect("the text encoder writes UTF-8")
+    }
+}

@@ -1,0 +1,160 @@
+//! Operator reads and interventions on single keys (`dedupq keys …`).
+
+use super::{KeyStatus, Store, StoreError};
+use crate::identity::Identity;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+const COLUMNS: &str =
+    "tenant, key, encode(fingerprint, 'hex') AS fingerprint, fingerprint_version, \
+    status, epoch, lease_until, owner, attempts, result_status, result_body, last_error, \
+    created_at, updated_at, completed_at";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyRow {
+    pub tenant: String,
+    pub key: String,
+    pub fingerprint: String,
+    pub fingerprint_version: i16,
+    pub status: KeyStatus,
+    pub epoch: i64,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub owner: String,
+    pub attempts: i32,
+    pub result_status: Option<i32>,
+    pub result_body: Option<Value>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl KeyRow {
+    fn from_row(row: &PgRow) -> Result<Self, StoreError> {
+        Ok(Self {
+            tenant: row.try_get("tenant")?,
+            key: row.try_get("key")?,
+            fingerprint: row.try_get("fingerprint")?,
+            fingerprint_version: row.try_get("fingerprint_version")?,
+            status: KeyStatus::parse(row.try_get("status")?)?,
+            epoch: row.try_get("epoch")?,
+            lease_until: row.try_get("lease_until")?,
+            owner: row.try_get("owner")?,
+            attempts: row.try_get("attempts")?,
+            result_status: row.try_get("result_status")?,
+            result_body: row.try_get("result_body")?,
+            last_error: row.try_get("last_error")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+            completed_at: row.try_get("completed_at")?,
+        })
+    }
+}
+
+/// Which keys `keys list` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFilter {
+    /// in_progress past its lease, or unknown: what needs an operator.
+    Stuck,
+    Status(KeyStatus),
+}
+
+impl Store {
+    pub async fn show_key(&self, id: &Identity) -> Result<Option<KeyRow>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2");
+        let row = sqlx::query(&sql)
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(self.pool())
+            .await?;
+        row.as_ref().map(KeyRow::from_row).transpose()
+    }
+
+    pub async fn list_keys(
+        &self,
+        filter: KeyFilter,
+        limit: i64,
+    ) -> Result<Vec<KeyRow>, StoreError> {
+        let sql = match filter {
+            KeyFilter::Stuck => format!(
+                "SELECT {COLUMNS} FROM dedupq_keys \
+                 WHERE (status = 'unknown') OR ((status = 'in_progress') AND (lease_until <= now())) \
+                 ORDER BY lease_until LIMIT $1"
+            ),
+            KeyFilter::Status(_) => format!(
+                "SELECT {COLUMNS} FROM dedupq_keys WHERE status = $2 ORDER BY updated_at DESC LIMIT $1"
+            ),
+        };
+        let mut query = sqlx::query(&sql).bind(limit);
+        if let KeyFilter::Status(status) = filter {
+            query = query.bind(status.as_str());
+        }
+        let rows = query.fetch_all(self.pool()).await?;
+        rows.iter().map(KeyRow::from_row).collect()
+    }
+
+    /// Ends the lease of an open key now (the next delivery takes it over)
+    /// and writes an audit row, in one transaction. Returns the row as it
+    /// was, or None when the key is absent or already finished.
+    pub async fn release_key(
+        &self,
+        id: &Identity,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Option<KeyRow>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2 \
+             AND status IN ('in_progress', 'unknown') FOR UPDATE"
+        );
+        let Some(row) = sqlx::query(&sql)
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let before = KeyRow::from_row(&row)?;
+        sqlx::query(
+            "UPDATE dedupq_keys SET lease_until = now(), updated_at = now() \
+             WHERE tenant = $1 AND key = $2",
+        )
+        .bind(id.tenant.as_str())
+        .bind(id.key.as_str())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO dedupq_key_audit (tenant, key, action, reason, actor, before) \
+             VALUES ($1, $2, 'release', $3, $4, $5)",
+        )
+        .bind(id.tenant.as_str())
+        .bind(id.key.as_str())
+        .bind(reason)
+        .bind(actor)
+        .bind(sqlx::types::Json(&before))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(before))
+    }
+
+    /// Row counts per status, for the `dedupq_keys{status}` gauge.
+    pub async fn count_by_status(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT status, count(*) AS n FROM dedupq_keys GROUP BY status")
+            .fetch_all(self.pool())
+            .await?;
+        let mut counts: Vec<(KeyStatus, i64)> = KeyStatus::ALL.iter().map(|s| (*s, 0)).collect();
+        for row in rows {
+            let status = KeyStatus::parse(row.try_get("status")?)?;
+            let n: i64 = row.try_get("n")?;
+            if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
+                slot.1 = n;
+            }
+        }
+        Ok(counts)
+    }
+}

@@ -1,0 +1,66 @@
+use super::StoreError;
+use crate::config::StoreSettings;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgPool};
+use std::str::FromStr;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// A handle on the key table. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Builds the pool without touching the network, so a process can start
+    /// (and report not-ready) while PostgreSQL is still down.
+    pub fn connect_lazy(settings: &StoreSettings) -> Result<Self, StoreError> {
+        let mut options = PgConnectOptions::from_str(settings.url.expose())
+            .map_err(StoreError::Query)?
+            .application_name("dedupq");
+        if let Some(schema) = &settings.schema {
+            options = options.options([("search_path", schema.as_str())]);
+        }
+        let pool = PgPoolOptions::new()
+            // Claims and completions are batched, so a few connections carry
+            // a lot of traffic; more only add contention on 2-core hosts.
+            .max_connections(settings.max_connections)
+            // Fail fast while PostgreSQL is down: the engine pauses and
+            // retries instead of piling up waiters.
+            .acquire_timeout(settings.acquire_timeout)
+            // A ping before every acquire would double the round trips of
+            // the hot path; a dead connection surfaces as an error instead,
+            // which the caller already retries.
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates the schema if configured and applies pending migrations.
+    pub async fn migrate(&self, schema: Option<&str>) -> Result<(), StoreError> {
+        if let Some(schema) = schema {
+            let sql = format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{}\"",
+                schema.replace('"', "\"\"")
+            );
+            self.pool.execute(sql.as_str()).await?;
+        }
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// One trivial query: is PostgreSQL reachable right now?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,47 @@
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or went away: pause and retry.
+    #[error("PostgreSQL is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// A concurrent transaction got in the way (deadlock, serialization):
+    /// retrying the same statement is safe.
+    #[error("PostgreSQL aborted the statement because of a concurrent writer")]
+    Contention(#[source] sqlx::Error),
+    #[error("a statement against the key table failed")]
+    Query(#[source] sqlx::Error),
+    #[error("applying the schema migrations failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("a stored key row is not what dedupq wrote: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// True when the same call may succeed later without any change.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Contention(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e),
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                // deadlock_detected, serialization_failure
+                Some("40P01") | Some("40001") => StoreError::Contention(e),
+                // admin_shutdown, crash_shutdown, cannot_connect_now, connection_* (08…)
+                Some(code)
+                    if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") =>
+                {
+                    StoreError::Unavailable(e)
+                }
+                _ => StoreError::Query(e),
+            },
+            _ => StoreError::Query(e),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Lease renewal for running handlers, and retention.
+
+use super::{secs, sorted_order, Store, StoreError};
+use crate::identity::{Epoch, Identity};
+use sqlx::Row;
+use std::time::Duration;
+
+const RENEW_SQL: &str = r#"
+UPDATE dedupq_keys AS k SET
+    lease_until = now() + make_interval(secs => $4),
+    updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS u(tenant, key, epoch, ord)
+WHERE k.tenant = u.tenant AND k.key = u.key
+  AND k.epoch = u.epoch
+  AND k.status = 'in_progress'
+RETURNING u.ord
+"#;
+
+/// Finished rows only, oldest first; rows another transaction holds are
+/// left for the next round rather than waited on.
+const PURGE_SQL: &str = r#"
+WITH doomed AS (
+    SELECT tenant, key FROM dedupq_keys
+    WHERE (status IN ('done', 'failed'))
+      AND (completed_at < now() - make_interval(secs => $1))
+    ORDER BY completed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM dedupq_keys AS k USING doomed AS d
+WHERE k.tenant = d.tenant AND k.key = d.key
+  AND (k.status IN ('done', 'failed'))
+"#;
+
+impl Store {
+    /// Extends the leases of running claims in one round trip. Returns, in
+    /// input order, whether each lease is still held.
+    pub async fn renew_leases(
+        &self,
+        claims: &[(&Identity, Epoch)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let order = sorted_order(claims, |(id, _)| (id.tenant.as_str(), id.key.as_str()));
+        let tenants: Vec<&str> = order.iter().map(|&i| claims[i].0.tenant.as_str()).collect();
+        let keys: Vec<&str> = order.iter().map(|&i| claims[i].0.key.as_str()).collect();
+        let epochs: Vec<i64> = order.iter().map(|&i| claims[i].1 .0).collect();
+        let rows = sqlx::query(RENEW_SQL)
+            .bind(&tenants)
+            .bind(&keys)
+            .bind(&epochs)
+            .bind(secs(lease))
+            .fetch_all(self.pool())
+            .await?;
+        let mut held = vec![false; claims.len()];
+        for row in rows {
+            let ord: i64 = row.try_get("ord")?;
+            held[order[(ord - 1) as usize]] = true;
+        }
+        Ok(held)
+    }
+
+    /// Deletes at most `limit` done/failed rows finished more than
+    /// `older_than` ago. Never touches in_progress or unknown rows.
+    pub async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(PURGE_SQL)
+            .bind(secs(older_than))
+            .bind(limit)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Purges in bounded batches until nothing older is left; each batch is
+    /// its own short transaction so the table is never locked for long.
+    pub async fn purge(&self, older_than: Duration, batch: i64) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let n = self.purge_batch(older_than, batch).await?;
+            total += n;
+            if n < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}

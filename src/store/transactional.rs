@@ -1,0 +1,95 @@
+//! Same-database mode: when the handler's work is writes to this
+//! PostgreSQL, claim, work and result commit in one transaction. No lease:
+//! a concurrent duplicate waits on the primary key until the first commits
+//! (then sees it done) or rolls back (then claims it).
+
+use super::claim::classify;
+use super::{ClaimRequest, ClaimResult, Finish, Store, StoreError};
+use crate::identity::Identity;
+use sqlx::{PgConnection, Postgres, Transaction};
+
+const TX_CLAIM_SQL: &str = r#"
+INSERT INTO dedupq_keys
+    (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts)
+VALUES ($1, $2, $3, $4, 'in_progress', 1, NULL, $5, 1)
+ON CONFLICT (tenant, key) DO NOTHING
+RETURNING epoch
+"#;
+
+const READ_ONE_SQL: &str = r#"
+SELECT NULL::int8 AS claimed_epoch, NULL::int4 AS claimed_attempts, NULL::bool AS inserted,
+       status, fingerprint, fingerprint_version, lease_until, result_status, result_body
+FROM dedupq_keys WHERE tenant = $1 AND key = $2
+"#;
+
+const TX_FINISH_SQL: &str = r#"
+UPDATE dedupq_keys SET
+    status = $3, result_status = $4, result_body = $5::jsonb,
+    completed_at = now(), updated_at = now()
+WHERE tenant = $1 AND key = $2 AND status = 'in_progress'
+"#;
+
+pub enum TxClaim {
+    /// The key is ours inside this open transaction.
+    Owned(Transaction<'static, Postgres>),
+    /// The key exists (committed by someone else): what it is.
+    Settled(ClaimResult),
+}
+
+impl Store {
+    pub async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest<'_>,
+        owner: &str,
+    ) -> Result<TxClaim, StoreError> {
+        let id = request.identity;
+        let mut tx = self.pool().begin().await?;
+        let inserted = sqlx::query(TX_CLAIM_SQL)
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .bind(&request.fingerprint.digest[..])
+            .bind(request.fingerprint.version)
+            .bind(owner)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if inserted.is_some() {
+            return Ok(TxClaim::Owned(tx));
+        }
+        tx.rollback().await?;
+        let row = sqlx::query(READ_ONE_SQL)
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(TxClaim::Settled(match row {
+            Some(row) => classify(&row, request.fingerprint)?,
+            None => ClaimResult::Contended,
+        }))
+    }
+
+    /// Stores a done or failed result inside the claim's transaction.
+    pub async fn finish_in_transaction(
+        conn: &mut PgConnection,
+        id: &Identity,
+        finish: &Finish,
+    ) -> Result<(), StoreError> {
+        let (status, result_status, body) = match finish {
+            Finish::Done { status, body } => ("done", *status, body),
+            Finish::Failed { status, body } => ("failed", *status, body),
+            Finish::Release { .. } | Finish::Unknown { .. } => {
+                return Err(StoreError::Corrupt(
+                    "only done or failed can be stored in a transaction".into(),
+                ))
+            }
+        };
+        sqlx::query(TX_FINISH_SQL)
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .bind(status)
+            .bind(result_status)
+            .bind(body.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,5 @@
+//! RabbitMQ consumer with manual acks.
+
+mod config;
+
+pub use config::AmqpSettings;

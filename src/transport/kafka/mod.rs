@@ -1,0 +1,5 @@
+//! Kafka consumer-group member.
+
+mod config;
+
+pub use config::KafkaSettings;

@@ -1,0 +1,5 @@
+//! Brokers: turn deliveries into `engine::Incoming` and apply the engine's
+//! decisions (commit/ack, dead-letter, retry later). No SQL here.
+
+pub mod amqp;
+pub mod kafka;
