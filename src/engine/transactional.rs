@@ -9,7 +9,7 @@ use super::options::EngineOptions;
 use crate::handler::{HandlerCall, HandlerResult};
 use crate::metrics::Metrics;
 use crate::store::{
-    ClaimRequest, ClaimResult, Finish, KeyStatus, Store, StoreError, StoredResult, TxClaim,
+    ClaimRequest, ClaimResult, KeyStatus, Store, StoreError, StoredResult, TxClaim,
 };
 use async_trait::async_trait;
 use chrono::Utc;
@@ -63,8 +63,8 @@ impl TransactionalEngine {
 
     /// One transaction per message, up to `concurrency` at once.
     pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
-        let decisions: Vec<Result<Decision, StoreError>> = stream::iter(batch)
-            .map(|msg| self.process_one(msg))
+        let runs: Vec<_> = batch.iter().map(|msg| self.process_one(msg)).collect();
+        let decisions: Vec<Result<Decision, StoreError>> = stream::iter(runs)
             .buffered(self.options.concurrency)
             .collect()
             .await;
@@ -134,25 +134,13 @@ impl TransactionalEngine {
         sqlx::query("SAVEPOINT dedupq_handler")
             .execute(&mut *tx)
             .await?;
-        let (outcome, finish) = match self.handler.handle(&mut tx, &call).await {
-            Ok(r) => (
-                Outcome::Processed,
-                Finish::Done {
-                    status: r.status,
-                    body: r.body,
-                },
-            ),
+        let (outcome, reply) = match self.handler.handle(&mut tx, &call).await {
+            Ok(r) => (Outcome::Processed, stored(KeyStatus::Done, r)),
             Err(TxFailure::Permanent(r)) => {
                 sqlx::query("ROLLBACK TO SAVEPOINT dedupq_handler")
                     .execute(&mut *tx)
                     .await?;
-                (
-                    Outcome::Failed,
-                    Finish::Failed {
-                        status: r.status,
-                        body: r.body,
-                    },
-                )
+                (Outcome::Failed, stored(KeyStatus::Failed, r))
             }
             Err(TxFailure::Transient(error)) => {
                 tx.rollback().await?;
@@ -161,23 +149,16 @@ impl TransactionalEngine {
                 return Ok(decided(Outcome::Retried, Action::RetryLater { after }));
             }
         };
-        Store::finish_in_transaction(&mut tx, &parsed.identity, &finish).await?;
+        Store::finish_in_transaction(&mut tx, &parsed.identity, &reply).await?;
         tx.commit().await?;
-        let reply = match finish {
-            Finish::Done { status, body } => StoredResult {
-                status: KeyStatus::Done,
-                result_status: status,
-                body,
-            },
-            Finish::Failed { status, body } => StoredResult {
-                status: KeyStatus::Failed,
-                result_status: status,
-                body,
-            },
-            Finish::Release { .. } | Finish::Unknown { .. } => {
-                unreachable!("only done or failed are built above")
-            }
-        };
         Ok(decided(outcome, Action::Commit { reply: Some(reply) }))
+    }
+}
+
+fn stored(status: KeyStatus, r: HandlerResult) -> StoredResult {
+    StoredResult {
+        status,
+        result_status: r.status,
+        body: r.body,
     }
 }

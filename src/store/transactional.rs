@@ -4,7 +4,7 @@
 //! (then sees it done) or rolls back (then claims it).
 
 use super::claim::classify;
-use super::{ClaimRequest, ClaimResult, Finish, Store, StoreError};
+use super::{ClaimRequest, ClaimResult, Store, StoreError, StoredResult};
 use crate::identity::Identity;
 use sqlx::{PgConnection, Postgres, Transaction};
 
@@ -71,23 +71,14 @@ impl Store {
     pub async fn finish_in_transaction(
         conn: &mut PgConnection,
         id: &Identity,
-        finish: &Finish,
+        result: &StoredResult,
     ) -> Result<(), StoreError> {
-        let (status, result_status, body) = match finish {
-            Finish::Done { status, body } => ("done", *status, body),
-            Finish::Failed { status, body } => ("failed", *status, body),
-            Finish::Release { .. } | Finish::Unknown { .. } => {
-                return Err(StoreError::Corrupt(
-                    "only done or failed can be stored in a transaction".into(),
-                ))
-            }
-        };
         sqlx::query(TX_FINISH_SQL)
             .bind(id.tenant.as_str())
             .bind(id.key.as_str())
-            .bind(status)
-            .bind(result_status)
-            .bind(body.to_string())
+            .bind(result.status.as_str())
+            .bind(result.result_status)
+            .bind(result.body.to_string())
             .execute(conn)
             .await?;
         Ok(())

@@ -1,0 +1,73 @@
+use crate::support::{self, handlers::Recording};
+use dedupq::config::{SecretUrl, StoreSettings};
+use dedupq::engine::Outcome;
+use dedupq::store::Store;
+use sqlx::Row;
+use std::sync::Arc;
+
+/// `(calls, rows)` of statements in `db` whose text contains `needle`.
+async fn statement_stats(admin: &sqlx::PgPool, db: &str, needle: &str) -> Vec<(i64, i64)> {
+    sqlx::query(
+        "SELECT s.calls, s.rows FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+         WHERE d.datname = $1 AND s.query LIKE '%' || $2 || '%' AND s.toplevel",
+    )
+    .bind(db)
+    .bind(needle)
+    .fetch_all(admin)
+    .await
+    .expect("pg_stat_statements is loaded (scripts/services configures it)")
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+#[tokio::test]
+async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too() {
+    let admin = sqlx::PgPool::connect(&support::database_url())
+        .await
+        .unwrap();
+    let db = support::unique("claims");
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&support::database_url()).unwrap();
+    url.set_path(&db);
+    let settings = StoreSettings {
+        url: SecretUrl::new(url.as_str()),
+        ..StoreSettings::default()
+    };
+    let store = Store::connect_lazy(&settings).unwrap();
+    store.migrate(None).await.unwrap();
+
+    let handler = Arc::new(Recording::default());
+    let mut options = support::fast_options();
+    options.max_batch = 1000;
+    let engine = support::engine(&store, handler.clone(), options);
+    let batch: Vec<_> = (0..1000)
+        .map(|i| support::message("acme", &format!("bulk-{i}"), r#"{"amount": 1}"#))
+        .collect();
+    let decisions = engine.process(&batch).await.unwrap();
+
+    assert!(decisions.iter().all(|d| d.outcome == Outcome::Processed));
+    assert_eq!(handler.count(), 1000);
+    let claims = statement_stats(&admin, &db, "INSERT INTO dedupq_keys AS k").await;
+    assert_eq!(
+        claims,
+        vec![(1, 1000)],
+        "one claim statement returned all 1000 rows"
+    );
+    let finishes = statement_stats(&admin, &db, "UPDATE dedupq_keys AS k SET\n    status").await;
+    let (calls, rows) = finishes.first().copied().unwrap_or_default();
+    assert_eq!(rows, 1000, "every result stored");
+    assert!(
+        calls <= 20,
+        "results are stored in batches, not one by one ({calls} statements)"
+    );
+
+    store.pool().close().await;
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}

@@ -1,0 +1,49 @@
+use crate::support::{self, handlers::Recording};
+use dedupq::engine::{Action, DeadLetterReason, Outcome};
+use std::sync::Arc;
+
+#[tokio::test]
+async fn the_same_key_with_a_different_amount_is_a_conflict_and_never_runs() {
+    let (store, _) = support::isolated_store().await;
+    let handler = Arc::new(Recording::default());
+    let engine = support::engine(&store, handler.clone(), support::fast_options());
+    let first = support::message("acme", "pay-1", r#"{"amount": 100, "currency": "EUR"}"#);
+    let other = support::message("acme", "pay-1", r#"{"amount": 999, "currency": "EUR"}"#);
+
+    let d1 = engine.process(&[first]).await.unwrap();
+    let d2 = engine.process(&[other]).await.unwrap();
+
+    assert_eq!(d1[0].outcome, Outcome::Processed);
+    assert_eq!(d2[0].outcome, Outcome::Conflict);
+    assert!(matches!(
+        d2[0].action,
+        Action::DeadLetter {
+            reason: DeadLetterReason::Conflict,
+            ..
+        }
+    ));
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn reordered_fields_and_a_changed_sent_at_are_the_same_operation() {
+    let (store, _) = support::isolated_store().await;
+    let handler = Arc::new(Recording::default());
+    let engine = support::engine(&store, handler.clone(), support::fast_options());
+    let first = support::message(
+        "acme",
+        "pay-2",
+        r#"{"amount": 100, "currency": "EUR", "sent_at": "2026-11-29T10:00:00Z"}"#,
+    );
+    let again = support::message(
+        "acme",
+        "pay-2",
+        r#"{ "sent_at": "2026-11-29T10:05:00Z", "currency": "EUR",   "amount": 100 }"#,
+    );
+
+    engine.process(&[first]).await.unwrap();
+    let d = engine.process(&[again]).await.unwrap();
+
+    assert_eq!(d[0].outcome, Outcome::Duplicate);
+    assert_eq!(handler.count(), 1);
+}

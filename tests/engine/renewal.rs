@@ -1,0 +1,46 @@
+use crate::support::{self, handlers::Recording};
+use dedupq::engine::Outcome;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_three_times_slower_than_the_lease_keeps_its_claim() {
+    let (store, _) = support::isolated_store().await;
+    let mut options = support::fast_options();
+    options.lease = Duration::from_secs(1);
+    options.renew_every = Duration::from_millis(250);
+    let slow = Arc::new(Recording::with_delay(Duration::from_secs(3)));
+    let owner = support::engine(&store, slow.clone(), options.clone());
+    let msg = support::message("acme", "pay-slow", r#"{"amount": 7}"#);
+    let running = tokio::spawn({
+        let msg = msg.clone();
+        async move { owner.process(&[msg]).await.unwrap() }
+    });
+
+    // Another worker keeps trying while the slow handler runs.
+    let rival_handler = Arc::new(Recording::default());
+    options.owner = support::unique("rival");
+    let rival = support::engine(&store, rival_handler.clone(), options);
+    let mut rival_outcomes = Vec::new();
+    while !running.is_finished() {
+        let d = rival.process(&[msg.clone()]).await.unwrap();
+        rival_outcomes.push(d[0].outcome);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let decisions = running.await.unwrap();
+
+    assert_eq!(decisions[0].outcome, Outcome::Processed);
+    assert_eq!(
+        rival_handler.count(),
+        0,
+        "nobody took over a live, renewed lease"
+    );
+    assert!(rival_outcomes.len() > 10);
+    assert!(
+        rival_outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::InFlight | Outcome::Duplicate)),
+        "{rival_outcomes:?}"
+    );
+    assert_eq!(slow.count(), 1);
+}

@@ -1,0 +1,76 @@
+use crate::support::{self, handlers::Recording};
+use dedupq::config::Settings;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test]
+async fn purge_removes_only_old_finished_keys_in_batches() {
+    let (store, _) = support::isolated_store().await;
+    let handler = Arc::new(Recording::default());
+    let engine = support::engine(&store, handler, support::fast_options());
+    let batch: Vec<_> = (0..7)
+        .map(|i| support::message("acme", &format!("k{i}"), r#"{"amount": 1}"#))
+        .collect();
+    engine.process(&batch).await.unwrap();
+    // k0..k4 finished two days ago; k5, k6 just now.
+    sqlx::query(
+        "UPDATE dedupq_keys SET completed_at = now() - interval '2 days' WHERE key IN ('k0','k1','k2','k3','k4')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    // Open keys as old as can be: never purged.
+    sqlx::query(
+        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts, created_at, updated_at) VALUES \
+         ('acme', 'open', '\\x00', 1, 'in_progress', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days'), \
+         ('acme', 'unsure', '\\x00', 1, 'unknown', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let first_batch = store
+        .purge_batch(Duration::from_secs(24 * 3600), 2)
+        .await
+        .unwrap();
+    assert_eq!(first_batch, 2, "one batch deletes at most its limit");
+    let rest = store
+        .purge(Duration::from_secs(24 * 3600), 2)
+        .await
+        .unwrap();
+    assert_eq!(rest, 3);
+
+    let mut left: Vec<String> = sqlx::query_scalar("SELECT key FROM dedupq_keys")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    left.sort();
+    assert_eq!(left, ["k5", "k6", "open", "unsure"]);
+}
+
+#[test]
+fn a_retention_shorter_than_the_redelivery_horizon_is_refused() {
+    let mut settings = Settings::default();
+    settings.retention.keep = Duration::from_secs(3600);
+    settings.retention.redelivery_horizon = Duration::from_secs(2 * 3600);
+    let err = settings.validate().unwrap_err();
+    assert_eq!(err.setting, "retention.keep");
+    assert!(err.to_string().contains("redelivery horizon"), "{err}");
+
+    settings.retention.keep = Duration::from_secs(3 * 3600);
+    assert!(settings.validate().is_ok());
+}
+
+#[test]
+fn dedupq_refuses_to_start_with_a_too_short_retention_and_names_the_setting() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupq"))
+        .arg("migrate")
+        .env("DEDUPQ__RETENTION__KEEP", "30m")
+        .env("DEDUPQ__RETENTION__REDELIVERY_HORIZON", "1h")
+        .output()
+        .expect("run dedupq");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("retention.keep"), "{stderr}");
+    assert!(stderr.contains("DEDUPQ__RETENTION__KEEP"), "{stderr}");
+}

@@ -1,0 +1,124 @@
+use crate::support;
+use async_trait::async_trait;
+use dedupq::config::IdentitySettings;
+use dedupq::engine::{Outcome, Parser, TransactionalEngine, TransactionalHandler, TxFailure};
+use dedupq::handler::{HandlerCall, HandlerResult};
+use dedupq::metrics::Metrics;
+use dedupq::store::{KeyStatus, Store};
+use serde_json::json;
+use sqlx::PgConnection;
+use std::sync::Arc;
+
+/// Writes an order row in the claim's own transaction.
+struct PlaceOrder;
+
+#[async_trait]
+impl TransactionalHandler for PlaceOrder {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        call: &HandlerCall<'_>,
+    ) -> Result<HandlerResult, TxFailure> {
+        let amount = call.body["amount"].as_i64().unwrap_or(0);
+        sqlx::query("INSERT INTO orders (tenant, key, amount) VALUES ($1, $2, $3)")
+            .bind(call.identity.tenant.as_str())
+            .bind(call.identity.key.as_str())
+            .bind(amount)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| TxFailure::Transient(e.to_string()))?;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if amount < 0 {
+            return Err(TxFailure::Permanent(HandlerResult {
+                status: 422,
+                body: json!({"error": "negative amount"}),
+            }));
+        }
+        Ok(HandlerResult {
+            status: 201,
+            body: json!({"order": call.derived_key}),
+        })
+    }
+}
+
+async fn setup() -> (Store, TransactionalEngine) {
+    let (store, _) = support::isolated_store().await;
+    sqlx::query("CREATE TABLE orders (tenant text, key text, amount bigint)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let engine = TransactionalEngine::new(
+        store.clone(),
+        Arc::new(PlaceOrder),
+        Parser::new(&IdentitySettings::default()),
+        support::fast_options(),
+        Metrics::new(),
+    );
+    (store, engine)
+}
+
+async fn orders(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_in_same_database_mode_write_one_order() {
+    let (store, engine) = setup().await;
+    let engine = Arc::new(engine);
+    let runs = (0..10).map(|_| {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .process(&[support::message("acme", "order-1", r#"{"amount": 5}"#)])
+                .await
+                .unwrap()
+        })
+    });
+    let outcomes: Vec<Outcome> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap()[0].outcome)
+        .collect();
+
+    assert_eq!(orders(&store).await, 1);
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == Outcome::Processed)
+            .count(),
+        1
+    );
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Processed | Outcome::Duplicate)),
+        "{outcomes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_failure_rolls_back_the_work_but_stores_the_failure() {
+    let (store, engine) = setup().await;
+    let msg = support::message("acme", "order-neg", r#"{"amount": -5}"#);
+
+    let d = engine.process(&[msg.clone()]).await.unwrap();
+
+    assert_eq!(d[0].outcome, Outcome::Failed);
+    assert_eq!(
+        orders(&store).await,
+        0,
+        "the handler's write was rolled back"
+    );
+    let parsed = Parser::new(&IdentitySettings::default())
+        .parse(&msg)
+        .unwrap();
+    let row = store.show_key(&parsed.identity).await.unwrap().unwrap();
+    assert_eq!(row.status, KeyStatus::Failed);
+    assert_eq!(
+        engine.process(&[msg]).await.unwrap()[0].outcome,
+        Outcome::Duplicate
+    );
+}

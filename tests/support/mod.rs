@@ -1,0 +1,115 @@
+//! Shared helpers for the integration tests: an isolated schema per test on
+//! the real PostgreSQL, messages, and handlers that count their effects.
+#![allow(dead_code)]
+
+pub mod handlers;
+
+use chrono::Utc;
+use dedupq::config::{IdentitySettings, Settings, StoreSettings};
+use dedupq::engine::{Engine, EngineOptions, Incoming, Parser, Source};
+use dedupq::handler::Handler;
+use dedupq::metrics::Metrics;
+use dedupq::store::Store;
+use rand::Rng;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A fresh name for a schema, topic or queue.
+pub fn unique(prefix: &str) -> String {
+    let n: u64 = rand::rng().random();
+    format!("{prefix}_{n:016x}")
+}
+
+/// Store settings pointing at a new, migrated schema of its own.
+pub async fn isolated_store() -> (Store, StoreSettings) {
+    let settings = StoreSettings {
+        url: dedupq::config::SecretUrl::new(database_url()),
+        schema: Some(unique("t")),
+        max_connections: 16,
+        ..StoreSettings::default()
+    };
+    let store = Store::connect_lazy(&settings).expect("valid store settings");
+    store
+        .migrate(settings.schema.as_deref())
+        .await
+        .expect("migrations apply on a fresh schema");
+    (store, settings)
+}
+
+/// Engine options for tests: short leases so takeovers happen in seconds.
+pub fn fast_options() -> EngineOptions {
+    let mut o = EngineOptions::default();
+    o.owner = unique("worker");
+    o.lease = Duration::from_secs(2);
+    o.renew_every = Duration::from_millis(500);
+    o.handler_timeout = Duration::from_secs(30);
+    o.backoff.min = Duration::from_millis(20);
+    o.backoff.max = Duration::from_millis(200);
+    o
+}
+
+pub fn engine(store: &Store, handler: Arc<dyn Handler>, options: EngineOptions) -> Engine {
+    Engine::new(
+        store.clone(),
+        handler,
+        Parser::new(&IdentitySettings::default()),
+        options,
+        Metrics::new(),
+        CancellationToken::new(),
+    )
+}
+
+pub fn default_settings() -> Settings {
+    Settings::default()
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A delivery with the default headers (`client-id`, `idempotency-key`).
+pub fn message(tenant: &str, key: &str, body: &str) -> Incoming {
+    Incoming {
+        headers: vec![
+            ("client-id".into(), tenant.as_bytes().to_vec()),
+            ("idempotency-key".into(), key.as_bytes().to_vec()),
+        ],
+        body: body.as_bytes().to_vec(),
+        source: Source::Direct {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        },
+        received_at: Utc::now(),
+    }
+}
+
+/// Polls `check` until it returns Some, or panics after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Rows in the key table of this store's schema.
+pub async fn count_rows(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM dedupq_keys")
+        .fetch_one(store.pool())
+        .await
+        .expect("count rows")
+}
