@@ -26,6 +26,12 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
+        Command::Run => {
+            dedupq::startup::Application::build(settings)
+                .await?
+                .run_until_stopped()
+                .await?
+        }
         Command::Migrate => {
             let store = Store::connect_lazy(&settings.store)?;
             store.migrate(settings.store.schema.as_deref()).await?;

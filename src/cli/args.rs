@@ -18,6 +18,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Consume the configured Kafka topics and RabbitMQ queues.
+    Run,
     /// Apply the key-table migrations and exit.
     Migrate,
     /// Print the effective configuration (secrets hidden) and exit.

@@ -47,3 +47,20 @@ pub enum HandlerOutcome {
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome;
 }
+
+mod http;
+
+pub use http::{HttpHandler, HttpHandlerError};
+
+use crate::config::{HandlerKind, HandlerSettings};
+use std::sync::Arc;
+
+/// The handler the configuration names. `payment` is `http` aimed at the
+/// bundled provider simulator (`dedupq provider`).
+pub fn from_settings(settings: &HandlerSettings) -> Result<Arc<dyn Handler>, HttpHandlerError> {
+    match settings.kind {
+        HandlerKind::Http | HandlerKind::Payment => {
+            Ok(Arc::new(HttpHandler::new(&settings.url, settings.timeout)?))
+        }
+    }
+}

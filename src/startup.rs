@@ -1,0 +1,196 @@
+//! Builds the whole service from a configuration. Production (`dedupq run`)
+//! and the tests call the same `Application::build`.
+
+use crate::config::Settings;
+use crate::engine::{Engine, EngineOptions, Parser};
+use crate::handler::{self, Handler};
+use crate::health::{Component, Health};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::{maintenance, server, transport};
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub struct Application {
+    settings: Settings,
+    engine: Engine,
+    health: Health,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+}
+
+impl Application {
+    /// Binds the operator endpoint, prepares the store (waiting for
+    /// PostgreSQL if it is not up yet) and the engine with the configured
+    /// handler.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let handler = handler::from_settings(&settings.handler)?;
+        Self::build_with_handler(settings, handler).await
+    }
+
+    /// The same, with a handler of the caller's (library use).
+    pub async fn build_with_handler(
+        settings: Settings,
+        handler: Arc<dyn Handler>,
+    ) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(settings.http.listen)
+            .await
+            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
+        let store = Store::connect_lazy(&settings.store)?;
+        let shutdown = CancellationToken::new();
+        migrate_when_reachable(&store, settings.store.schema.as_deref(), &shutdown).await?;
+        let health = Health::default();
+        health.set(Component::Store, true);
+        let engine = Engine::new(
+            store,
+            handler,
+            Parser::new(&settings.identity),
+            EngineOptions::from_settings(&settings),
+            Metrics::new(),
+            shutdown.clone(),
+        );
+        Ok(Self {
+            settings,
+            engine,
+            health,
+            listener,
+            shutdown,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Runs until SIGINT/SIGTERM or the shutdown token, then stops taking
+    /// work, lets in-flight work finish and returns.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Self {
+            settings,
+            engine,
+            health,
+            listener,
+            shutdown,
+        } = self;
+        let metrics = engine.metrics().clone();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(watch_signals(shutdown.clone()));
+        {
+            let (m, h, s) = (metrics.clone(), health.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                server::serve(listener, m, h, s)
+                    .await
+                    .context("http server")
+            });
+        }
+        {
+            let (store, r, m, h, s) = (
+                engine.store().clone(),
+                settings.retention.clone(),
+                metrics.clone(),
+                health.clone(),
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                maintenance::run(store, r, m, h, s).await;
+                Ok(())
+            });
+        }
+        if !settings.kafka.topics.is_empty() {
+            let (k, e, h, s) = (
+                settings.kafka.clone(),
+                engine.clone(),
+                health.clone(),
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                transport::kafka::run(k, e, h, s)
+                    .await
+                    .context("kafka consumer")
+            });
+        }
+        if !settings.amqp.queues.is_empty() {
+            let (a, e, h, s) = (
+                settings.amqp.clone(),
+                engine.clone(),
+                health.clone(),
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                transport::amqp::run(a, e, h, s)
+                    .await
+                    .context("rabbitmq consumer")
+            });
+        }
+        tracing::info!(
+            kafka_topics = ?settings.kafka.topics,
+            amqp_queues = ?settings.amqp.queues,
+            store = %settings.store.url,
+            "dedupq running"
+        );
+        // The first task to fail stops the others.
+        let mut result = Ok(());
+        while let Some(done) = tasks.join_next().await {
+            let outcome = done.context("task panicked").and_then(|r| r);
+            if let Err(e) = outcome {
+                tracing::error!(error = format!("{e:#}"), "stopping");
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+            shutdown.cancel();
+        }
+        result
+    }
+}
+
+/// Applies migrations, retrying while PostgreSQL is unreachable so that
+/// dedupq can start before its database.
+async fn migrate_when_reachable(
+    store: &Store,
+    schema: Option<&str>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match store.migrate(schema).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Err(e.into()),
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e).context("applying migrations"),
+        }
+    }
+}
+
+async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = shutdown.cancelled() => {}
+    }
+    shutdown.cancel();
+    Ok(())
+}
