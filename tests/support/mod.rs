@@ -2,7 +2,10 @@
 //! the real PostgreSQL, messages, and handlers that count their effects.
 #![allow(dead_code)]
 
+pub mod amqp;
 pub mod handlers;
+pub mod kafka;
+pub mod process;
 
 use chrono::Utc;
 use dedupq::config::{IdentitySettings, Settings, StoreSettings};
