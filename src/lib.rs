@@ -13,6 +13,7 @@ pub mod health;
 pub mod identity;
 mod maintenance;
 pub mod metrics;
+pub mod provider;
 pub mod server;
 pub mod startup;
 pub mod store;

@@ -32,6 +32,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 .run_until_stopped()
                 .await?
         }
+        Command::Provider(args) => run_provider(args, &settings).await?,
         Command::Migrate => {
             let store = Store::connect_lazy(&settings.store)?;
             store.migrate(settings.store.schema.as_deref()).await?;
@@ -40,5 +41,33 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Config => println!("{}", toml::to_string_pretty(&settings)?),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
     }
+    Ok(())
+}
+
+async fn run_provider(args: dedupq::cli::ProviderArgs, settings: &Settings) -> anyhow::Result<()> {
+    let knobs = dedupq::provider::Knobs {
+        latency: args.latency,
+        fail_rate: args.fail_rate,
+        decline_rate: args.decline_rate,
+        hang_after_charge_rate: args.hang_after_charge_rate,
+        honour_keys: !args.ignore_keys,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    dedupq::provider::serve(
+        listener,
+        settings.store.url.expose(),
+        &args.schema,
+        knobs,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Consume the configured Kafka topics and RabbitMQ queues.
     Run,
+    /// Run the payment-provider simulator (charges once per Idempotency-Key).
+    Provider(ProviderArgs),
     /// Apply the key-table migrations and exit.
     Migrate,
     /// Print the effective configuration (secrets hidden) and exit.
@@ -58,4 +60,28 @@ pub enum KeysCommand {
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: std::time::Duration,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProviderArgs {
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub listen: std::net::SocketAddr,
+    /// Schema for the simulator's charges, in the database of store.url.
+    #[arg(long, default_value = "dedupq_provider")]
+    pub schema: String,
+    /// Delay between recording a charge and answering (e.g. 300ms).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub latency: std::time::Duration,
+    /// Share of requests answered 503 before charging (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Share of charges declined with 402 (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub decline_rate: f64,
+    /// Share of requests that charge and then never answer (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub hang_after_charge_rate: f64,
+    /// Charge on every request, ignoring Idempotency-Key.
+    #[arg(long)]
+    pub ignore_keys: bool,
 }

@@ -3,5 +3,5 @@
 mod args;
 mod keys;
 
-pub use args::{Cli, Command, KeysCommand};
+pub use args::{Cli, Command, KeysCommand, ProviderArgs};
 pub use keys::run_keys;

@@ -1,0 +1,291 @@
+//! Real processes for crash tests: the `dedupq` binary (killed with
+//! SIGKILL), and the provider simulator that counts effects.
+
+use super::unique;
+use dedupq::config::StoreSettings;
+use dedupq::provider::{Charge, Knobs, Stats};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// Configuration sections every process test needs: the isolated store,
+/// short leases, the payment handler aimed at `provider`.
+pub fn base_config(store: &StoreSettings, provider: &Provider) -> toml::Table {
+    let text = format!(
+        r#"
+[store]
+url = "{url}"
+schema = "{schema}"
+max_connections = 8
+
+[engine]
+lease = "3s"
+renew_every = "1s"
+retry_backoff_min = "50ms"
+retry_backoff_max = "500ms"
+
+[handler]
+kind = "payment"
+url = "{charges}"
+timeout = "2s"
+
+[retention]
+redelivery_horizon = "1h"
+
+[log]
+filter = "info,dedupq=debug"
+"#,
+        url = store.url.expose(),
+        schema = store.schema.as_deref().unwrap_or("public"),
+        charges = provider.charges_url(),
+    );
+    text.parse().expect("base config is valid TOML")
+}
+
+/// One `dedupq run` process.
+pub struct Dedupq {
+    child: Option<Child>,
+    config: PathBuf,
+    log: PathBuf,
+    pub http: SocketAddr,
+}
+
+impl Dedupq {
+    /// Writes `config` (plus an `[http]` section of its own) to a file,
+    /// starts `dedupq run --config <file>` and waits for /healthz.
+    pub async fn start(config: &toml::Table) -> Self {
+        let dir = std::env::temp_dir().join(unique("dedupq"));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut config = config.clone();
+        let mut section = toml::Table::new();
+        section.insert("listen".into(), toml::Value::String(http.to_string()));
+        config.insert("http".into(), toml::Value::Table(section));
+        let path = dir.join("dedupq.toml");
+        std::fs::write(&path, toml::to_string(&config).expect("serialize config"))
+            .expect("write config");
+        let mut me = Self {
+            child: None,
+            config: path,
+            log: dir.join("dedupq.log"),
+            http,
+        };
+        me.spawn().await;
+        me
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open log");
+        let child = Command::new(env!("CARGO_BIN_EXE_dedupq"))
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn dedupq");
+        self.child = Some(child);
+        let url = format!("http://{}/healthz", self.http);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = reqwest::get(&url).await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "dedupq exited with {status} during start-up:\n{}",
+                    self.log_tail()
+                );
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "dedupq did not answer /healthz in 30 s:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, and reap the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same configuration again (same port, same log).
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.http))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
+    /// The value of one series, e.g. `dedupq_messages_total{outcome="processed",transport="kafka"}`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics().await, series)
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+}
+
+impl Drop for Dedupq {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Sums the samples of `series` (a metric name, optionally with some of its
+/// labels) in a Prometheus text exposition; 0 when absent.
+pub fn metric_value(exposition: &str, series: &str) -> f64 {
+    let (name, wanted) = match series.split_once('{') {
+        Some((n, rest)) => (
+            n,
+            rest.trim_end_matches('}')
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .collect(),
+        ),
+        None => (series, Vec::new()),
+    };
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(s, _)| {
+            let (n, labels) = s.split_once('{').unwrap_or((s, ""));
+            n == name && wanted.iter().all(|w| labels.contains(w))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// The provider simulator, served from the test process on its own port
+/// and schema.
+pub struct Provider {
+    pub base: String,
+    shutdown: CancellationToken,
+    client: reqwest::Client,
+}
+
+impl Provider {
+    pub async fn start(knobs: Knobs) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind provider");
+        let base = format!(
+            "http://{}",
+            listener.local_addr().expect("provider address")
+        );
+        let shutdown = CancellationToken::new();
+        let schema = unique("prov");
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            dedupq::provider::serve(listener, &super::database_url(), &schema, knobs, stop)
+                .await
+                .expect("provider serves");
+        });
+        let provider = Self {
+            base,
+            shutdown,
+            client: reqwest::Client::new(),
+        };
+        super::eventually(Duration::from_secs(10), "provider ready", || async {
+            provider
+                .client
+                .get(format!("{}/stats", provider.base))
+                .send()
+                .await
+                .ok()?
+                .error_for_status()
+                .ok()
+        })
+        .await;
+        provider
+    }
+
+    pub fn charges_url(&self) -> String {
+        format!("{}/charges", self.base)
+    }
+
+    pub async fn set_knobs(&self, patch: Value) {
+        self.client
+            .post(format!("{}/admin/knobs", self.base))
+            .json(&patch)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("set knobs");
+    }
+
+    pub async fn stats(&self) -> Stats {
+        self.client
+            .get(format!("{}/stats", self.base))
+            .send()
+            .await
+            .expect("GET /stats")
+            .json()
+            .await
+            .expect("stats JSON")
+    }
+
+    /// Charges made with this idempotency key (the derived key `tenant:key`).
+    pub async fn charges_for(&self, derived_key: &str) -> Vec<Charge> {
+        let v: Value = self
+            .client
+            .get(format!("{}/charges", self.base))
+            .query(&[("key", derived_key)])
+            .send()
+            .await
+            .expect("GET /charges")
+            .json()
+            .await
+            .expect("charges JSON");
+        serde_json::from_value(v["charges"].clone()).expect("charge list")
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
