@@ -1,0 +1,49 @@
+//! The http/payment handler against the provider simulator over real HTTP,
+//! with the engine and a real PostgreSQL.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod provider_faults;
+mod provider_latency;
+mod simulator;
+
+use dedupq::engine::{Decision, Engine, Outcome};
+use dedupq::handler::HttpHandler;
+use std::sync::Arc;
+use std::time::Duration;
+use support::process::Provider;
+
+/// An engine whose handler POSTs to `provider` with the derived key.
+pub async fn payment_engine(provider: &Provider, timeout: Duration) -> Engine {
+    let (store, _) = support::isolated_store().await;
+    let handler = HttpHandler::new(&provider.charges_url(), timeout).expect("valid URL");
+    support::engine(&store, Arc::new(handler), support::fast_options())
+}
+
+/// Delivers `msg` until it is no longer retried, as a transport would.
+pub async fn deliver_until_settled(
+    engine: &Engine,
+    msg: &dedupq::engine::Incoming,
+) -> Vec<Decision> {
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let d = engine
+            .process(std::slice::from_ref(msg))
+            .await
+            .expect("store reachable");
+        let settled = !matches!(
+            d[0].outcome,
+            Outcome::Retried | Outcome::Unknown | Outcome::InFlight
+        );
+        seen.push(d[0].clone());
+        if settled {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "message never settled: {:?}",
+        seen.iter().map(|d| d.outcome).collect::<Vec<_>>()
+    );
+}
