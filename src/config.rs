@@ -307,6 +307,14 @@ impl Settings {
         Ok(settings)
     }
 
+    /// A copy safe to print: passwords in URLs replaced by `***`.
+    pub fn redacted(&self) -> Self {
+        let mut copy = self.clone();
+        copy.store.url = SecretUrl::new(self.store.url.to_string());
+        copy.amqp.url = SecretUrl::new(self.amqp.url.to_string());
+        copy
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         crate::config_check::validate(self)
     }

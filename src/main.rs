@@ -38,7 +38,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             store.migrate(settings.store.schema.as_deref()).await?;
             println!("migrations applied");
         }
-        Command::Config => println!("{}", toml::to_string_pretty(&settings)?),
+        Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
     }
     Ok(())

@@ -1,0 +1,9 @@
+//! What operators and newcomers touch: /metrics, /readyz, `dedupq keys`,
+//! the README's commands and configuration.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod keys_cli;
+mod metrics_endpoint;
+
