@@ -1,15 +1,94 @@
-use crate::config::SecretUrl;
+use crate::config::{ConfigError, SecretUrl};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Longest queue or exchange name RabbitMQ accepts (an AMQP short string).
+const MAX_NAME: usize = 255;
+
+/// Whether dedupq creates its RabbitMQ objects or only checks they exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// Declare (idempotently) the work, delay and dead-letter queues and the
+    /// dead-letter exchange on every connect.
+    Declare,
+    /// Only check that they exist (passive declares); for brokers whose
+    /// topology is owned by someone else. Bindings cannot be checked this
+    /// way; unroutable dead letters or retries are caught by mandatory
+    /// publishing instead.
+    Verify,
+}
+
+/// The RabbitMQ queue type of every queue dedupq declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueType {
+    Classic,
+    /// Replicated (Raft); the safe choice for payments. Needs RabbitMQ 3.10+
+    /// for per-message TTL in the delay queue.
+    Quorum,
+}
+
+impl QueueType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpSettings {
     /// Work queues to consume; empty: the RabbitMQ transport is off.
     pub queues: Vec<String>,
+    /// `amqp://` or `amqps://` (TLS) URL with credentials; set it through
+    /// `DEDUPQ__AMQP__URL` to keep the password out of files. Never logged.
     pub url: SecretUrl,
-    /// Unacked deliveries the broker may push at once; claims are batched
-    /// over this window.
+    /// Unacked deliveries the broker may push per queue at once; claims are
+    /// batched over this window. At least 1 (0 would mean "unbounded").
     pub prefetch: u16,
+    /// Declare the topology, or only verify that it exists.
+    pub topology: Topology,
+    /// Type of the queues dedupq declares (work, delay, dead-letter).
+    pub queue_type: QueueType,
+    /// Topic exchange that receives dead letters, routed by the work queue
+    /// name.
+    pub dead_letter_exchange: String,
+    /// Queue bound to the dead-letter exchange with `#` (every work queue).
+    pub dead_letter_queue: String,
+    /// The delay queue of work queue `q` is `q` + this suffix. Messages wait
+    /// there with a per-message TTL, then dead-letter back to `q`.
+    pub delay_queue_suffix: String,
+    /// Trips through the delay queue before a message is dead-lettered with
+    /// reason `retry_limit` (no endless redelivery).
+    pub max_redeliveries: u32,
+    /// Shortest delay-queue wait; doubles with every trip.
+    #[serde(with = "humantime_serde")]
+    pub retry_delay_min: Duration,
+    /// Longest delay-queue wait.
+    #[serde(with = "humantime_serde")]
+    pub retry_delay_max: Duration,
+    /// After the first delivery of a batch, how long to wait for more before
+    /// claiming (the batch never exceeds `prefetch`).
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+    /// First wait before reconnecting after a lost connection; doubles up to
+    /// `reconnect_backoff_max`.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_backoff_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_backoff_max: Duration,
+    /// Heartbeat interval proposed to the broker (a `heartbeat=` in the URL
+    /// wins); a dead peer is noticed after about twice this.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Limit on TCP connect + TLS + AMQP handshake.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Shown in the management UI and `rabbitmqctl list_connections`.
+    pub connection_name: String,
 }
 
 impl Default for AmqpSettings {
@@ -18,6 +97,176 @@ impl Default for AmqpSettings {
             queues: Vec::new(),
             url: SecretUrl::new("amqp://guest:guest@127.0.0.1:5672/%2f"),
             prefetch: 256,
+            topology: Topology::Declare,
+            queue_type: QueueType::Quorum,
+            dead_letter_exchange: "dedupq.dlx".into(),
+            dead_letter_queue: "dedupq.dlq".into(),
+            delay_queue_suffix: ".delay".into(),
+            max_redeliveries: 20,
+            retry_delay_min: Duration::from_millis(250),
+            retry_delay_max: Duration::from_secs(60),
+            batch_linger: Duration::from_millis(5),
+            reconnect_backoff_min: Duration::from_millis(200),
+            reconnect_backoff_max: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            connection_name: "dedupq".into(),
         }
+    }
+}
+
+impl AmqpSettings {
+    pub fn delay_queue(&self, queue: &str) -> String {
+        format!("{queue}{}", self.delay_queue_suffix)
+    }
+
+    /// The wait in the delay queue before trip `attempt` (1-based): the
+    /// engine's suggestion, but at least the doubling minimum.
+    pub fn retry_delay(&self, attempt: u32, suggested: Duration) -> Duration {
+        let exp = attempt.saturating_sub(1).min(20);
+        let escalated = self.retry_delay_min.saturating_mul(1 << exp);
+        suggested.max(escalated).min(self.retry_delay_max)
+    }
+
+    /// The longest a message can spend travelling through delay queues; the
+    /// key retention must outlast it.
+    pub fn redelivery_span(&self) -> Duration {
+        self.retry_delay_max.saturating_mul(self.max_redeliveries)
+    }
+
+    /// Start-up checks; each error names the setting and the fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.url.expose();
+        if !(url.starts_with("amqp://") || url.starts_with("amqps://"))
+            || url.parse::<lapin::uri::AMQPUri>().is_err()
+        {
+            return Err(ConfigError::new(
+                "amqp.url",
+                format!("'{}' is not an AMQP URL", self.url),
+                "use amqp://user:password@host:5672/vhost or amqps://… for TLS",
+            ));
+        }
+        if self.prefetch == 0 {
+            return Err(ConfigError::new(
+                "amqp.prefetch",
+                "0 means unbounded: every message of the queue would be held in memory",
+                "set it to the batch size you want, e.g. 256",
+            ));
+        }
+        self.check_names()?;
+        if self.max_redeliveries == 0 {
+            return Err(ConfigError::new(
+                "amqp.max_redeliveries",
+                "must be at least 1",
+                "the default is 20",
+            ));
+        }
+        check_range(
+            "amqp.retry_delay_min",
+            self.retry_delay_min,
+            self.retry_delay_max,
+        )?;
+        check_range(
+            "amqp.reconnect_backoff_min",
+            self.reconnect_backoff_min,
+            self.reconnect_backoff_max,
+        )?;
+        if self.heartbeat.as_secs() > u64::from(u16::MAX) {
+            return Err(ConfigError::new(
+                "amqp.heartbeat",
+                "is longer than the protocol allows (65535 s)",
+                "use a few seconds, e.g. 10s",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_names(&self) -> Result<(), ConfigError> {
+        let fixed = [
+            ("amqp.dead_letter_exchange", &self.dead_letter_exchange),
+            ("amqp.dead_letter_queue", &self.dead_letter_queue),
+            ("amqp.delay_queue_suffix", &self.delay_queue_suffix),
+        ];
+        for (setting, name) in fixed {
+            if name.is_empty() || name.len() > MAX_NAME {
+                return Err(ConfigError::new(
+                    setting,
+                    "must be 1..=255 bytes",
+                    "name it, e.g. the default",
+                ));
+            }
+        }
+        for queue in &self.queues {
+            let delay = self.delay_queue(queue);
+            if queue.is_empty() || delay.len() > MAX_NAME {
+                return Err(ConfigError::new(
+                    "amqp.queues",
+                    format!("'{queue}' is empty or too long with its delay suffix"),
+                    "use queue names of 1..=255 bytes including amqp.delay_queue_suffix",
+                ));
+            }
+            if self.queues.contains(&delay) || *queue == self.dead_letter_queue {
+                return Err(ConfigError::new(
+                    "amqp.queues",
+                    format!("'{queue}' collides with a delay or dead-letter queue name"),
+                    "consume only work queues",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_range(setting: &str, min: Duration, max: Duration) -> Result<(), ConfigError> {
+    if min.is_zero() || min > max {
+        return Err(ConfigError::new(
+            setting,
+            format!("{min:?} must be positive and at most the matching _max ({max:?})"),
+            "make the minimum positive and not larger than the maximum",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_escalates_with_the_trip_count_and_is_capped() {
+        let s = AmqpSettings::default();
+        let d = |n| s.retry_delay(n, Duration::from_millis(10));
+        assert_eq!(d(1), Duration::from_millis(250));
+        assert_eq!(d(3), Duration::from_millis(1000));
+        assert_eq!(d(40), Duration::from_secs(60));
+        assert_eq!(
+            s.retry_delay(1, Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn a_zero_prefetch_and_a_non_amqp_url_are_refused() {
+        let s = AmqpSettings {
+            prefetch: 0,
+            ..AmqpSettings::default()
+        };
+        assert_eq!(s.validate().unwrap_err().setting, "amqp.prefetch");
+        let s = AmqpSettings {
+            url: SecretUrl::new("http://user:secret@host/"),
+            ..AmqpSettings::default()
+        };
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.setting, "amqp.url");
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn a_work_queue_named_like_another_queues_delay_queue_is_refused() {
+        let s = AmqpSettings {
+            queues: vec!["pay".into(), "pay.delay".into()],
+            ..AmqpSettings::default()
+        };
+        assert_eq!(s.validate().unwrap_err().setting, "amqp.queues");
     }
 }

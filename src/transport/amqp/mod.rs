@@ -1,27 +1,20 @@
-//! RabbitMQ consumer with manual acks.
+//! RabbitMQ consumer with manual acks: a delivery is acked only after its
+//! outcome is durable (result stored, or dead letter / delay-queue copy /
+//! reply confirmed by the broker).
 
+mod apply;
+mod batch;
 mod config;
+mod connection;
+mod consumer;
+mod delivery;
+mod error;
+pub mod headers;
+mod publish;
+mod runner;
+mod topology;
 
-pub use config::AmqpSettings;
-
-use crate::engine::Engine;
-use crate::health::Health;
-use tokio_util::sync::CancellationToken;
-
-#[derive(Debug, thiserror::Error)]
-pub enum AmqpError {
-    #[error("RabbitMQ connection failed")]
-    Connection(#[source] lapin::Error),
-}
-
-/// Consumes the configured queues until `shutdown`.
-pub async fn run(
-    settings: AmqpSettings,
-    engine: Engine,
-    health: Health,
-    shutdown: CancellationToken,
-) -> Result<(), AmqpError> {
-    let _ = (settings, engine, health);
-    shutdown.cancelled().await;
-    Ok(())
-}
+pub use apply::RETRY_LIMIT;
+pub use config::{AmqpSettings, QueueType, Topology};
+pub use error::AmqpError;
+pub use runner::run;

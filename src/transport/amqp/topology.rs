@@ -1,0 +1,173 @@
+//! The RabbitMQ objects dedupq relies on: per work queue a delay queue that
+//! dead-letters back to it, and one dead-letter exchange with its queue.
+
+use super::config::{AmqpSettings, QueueType, Topology};
+use super::error::AmqpError;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Connection, ExchangeKind};
+
+/// Declares or verifies everything, on a channel of its own (a failed
+/// declare closes the channel it ran on).
+pub(super) async fn prepare(
+    connection: &Connection,
+    settings: &AmqpSettings,
+) -> Result<(), AmqpError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(AmqpError::channel("channel.open"))?;
+    let plan = Plan { settings };
+    match settings.topology {
+        Topology::Declare => plan.declare(&channel).await?,
+        Topology::Verify => plan.verify(&channel).await?,
+    }
+    // Best effort: the topology is in place whether or not this close lands.
+    let _ = channel.close(200, "topology ready".into()).await;
+    Ok(())
+}
+
+struct Plan<'a> {
+    settings: &'a AmqpSettings,
+}
+
+impl Plan<'_> {
+    async fn declare(&self, channel: &lapin::Channel) -> Result<(), AmqpError> {
+        let s = self.settings;
+        // Topic, so operators can bind extra queues per work queue.
+        channel
+            .exchange_declare(
+                s.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Topic,
+                durable_exchange(false),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(topology_error("exchange", &s.dead_letter_exchange))?;
+        self.queue(channel, &s.dead_letter_queue, self.base_arguments(), false)
+            .await?;
+        channel
+            .queue_bind(
+                s.dead_letter_queue.as_str().into(),
+                s.dead_letter_exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(topology_error("binding of", &s.dead_letter_queue))?;
+        for queue in &s.queues {
+            self.queue(channel, queue, self.base_arguments(), false)
+                .await?;
+            let delay = s.delay_queue(queue);
+            self.queue(channel, &delay, self.delay_arguments(queue), false)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn verify(&self, channel: &lapin::Channel) -> Result<(), AmqpError> {
+        let s = self.settings;
+        channel
+            .exchange_declare(
+                s.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Topic,
+                durable_exchange(true),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(topology_error("exchange", &s.dead_letter_exchange))?;
+        self.queue(channel, &s.dead_letter_queue, FieldTable::default(), true)
+            .await?;
+        for queue in &s.queues {
+            self.queue(channel, queue, FieldTable::default(), true)
+                .await?;
+            self.queue(channel, &s.delay_queue(queue), FieldTable::default(), true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn queue(
+        &self,
+        channel: &lapin::Channel,
+        name: &str,
+        arguments: FieldTable,
+        passive: bool,
+    ) -> Result<(), AmqpError> {
+        let options = QueueDeclareOptions {
+            passive,
+            // Survive a broker restart (quorum queues must be durable).
+            durable: true,
+            // Shared by every dedupq instance and outliving each of them.
+            exclusive: false,
+            auto_delete: false,
+            // Wait for declare-ok so a mismatch is reported here.
+            nowait: false,
+        };
+        channel
+            .queue_declare(name.into(), options, arguments)
+            .await
+            .map(|_| ())
+            .map_err(topology_error("queue", name))
+    }
+
+    fn base_arguments(&self) -> FieldTable {
+        let mut args = FieldTable::default();
+        // Explicit even for classic, so a mismatch with an existing queue is
+        // reported instead of silently consuming from another type. No
+        // x-delivery-limit: a quorum queue would drop a message past it
+        // (work queues have no broker-side dead-lettering), and dedupq caps
+        // trips itself (amqp.max_redeliveries).
+        args.insert(
+            "x-queue-type".into(),
+            text(self.settings.queue_type.as_str()),
+        );
+        args
+    }
+
+    /// A delay queue: messages wait out their per-message TTL, then the
+    /// broker dead-letters them to the default exchange with the work
+    /// queue's name as routing key, i.e. back to the work queue. Nobody
+    /// consumes it.
+    fn delay_arguments(&self, work_queue: &str) -> FieldTable {
+        let mut args = self.base_arguments();
+        args.insert("x-dead-letter-exchange".into(), text(""));
+        args.insert("x-dead-letter-routing-key".into(), text(work_queue));
+        if self.settings.queue_type == QueueType::Quorum {
+            // Quorum queues dead-letter at most once by default; at-least-once
+            // keeps the message until the work queue confirms it, and requires
+            // reject-publish overflow.
+            args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+            args.insert("x-overflow".into(), text("reject-publish"));
+        }
+        args
+    }
+}
+
+fn durable_exchange(passive: bool) -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        passive,
+        durable: true,
+        auto_delete: false,
+        // Producers other than dedupq may publish dead letters too.
+        internal: false,
+        nowait: false,
+    }
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+fn topology_error(kind: &'static str, name: &str) -> impl FnOnce(lapin::Error) -> AmqpError {
+    let name = name.to_string();
+    move |source| AmqpError::Topology {
+        what: format!(
+            "{kind} '{name}' is missing or declared with other arguments \
+             (amqp.topology = \"declare\" creates it; an existing queue of another \
+             type or with other arguments must be migrated or named differently)"
+        ),
+        source,
+    }
+}
