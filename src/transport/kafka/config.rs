@@ -1,5 +1,6 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -14,8 +15,43 @@ pub struct KafkaSettings {
     /// the idempotency key.
     pub reply_topic: Option<String>,
     /// Extra librdkafka properties (e.g. security.protocol, sasl.*, ssl.*),
-    /// passed through to both consumer and producer.
+    /// passed through to both consumer and producer. They win over the
+    /// settings dedupq sets itself, except the ones the offset guarantee
+    /// depends on (auto commit off, no automatic offset store).
     pub client: BTreeMap<String, String>,
+    /// Most messages handed to the engine in one call (one claim round trip).
+    pub batch_size: usize,
+    /// How long a batch waits for more messages once the first is ready.
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+    /// Batches of disjoint partitions processed at once; a partition is in
+    /// at most one batch at a time, which keeps its order.
+    pub max_batches_in_flight: usize,
+    /// Messages held per partition (queued or in a batch) before fetching
+    /// from that partition is paused.
+    pub max_buffered_per_partition: usize,
+    /// How often the contiguous prefix of durable outcomes is committed.
+    #[serde(with = "humantime_serde")]
+    pub commit_interval: Duration,
+    /// On revoke and shutdown, how long in-flight batches of the partitions
+    /// that go away may take to finish before what is done is committed.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Where a group without a committed offset starts: `earliest` (never
+    /// skip a payment) or `latest`.
+    pub auto_offset_reset: String,
+    /// The group coordinator declares this member dead after this silence;
+    /// its partitions then move to the others.
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// How often client statistics (consumer lag per partition, broker
+    /// state) are refreshed.
+    #[serde(with = "humantime_serde")]
+    pub stats_interval: Duration,
+    /// How long a dead-letter or reply record may take to be confirmed
+    /// before the produce is tried again.
+    #[serde(with = "humantime_serde")]
+    pub produce_timeout: Duration,
 }
 
 impl Default for KafkaSettings {
@@ -27,6 +63,16 @@ impl Default for KafkaSettings {
             dlq_suffix: ".dlq".into(),
             reply_topic: None,
             client: BTreeMap::new(),
+            batch_size: 500,
+            batch_linger: Duration::from_millis(5),
+            max_batches_in_flight: 4,
+            max_buffered_per_partition: 2000,
+            commit_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(15),
+            auto_offset_reset: "earliest".into(),
+            session_timeout: Duration::from_secs(30),
+            stats_interval: Duration::from_secs(5),
+            produce_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -1,0 +1,109 @@
+//! librdkafka settings of the consumer and of the producer (dead letters,
+//! replies). Every setting the guarantees depend on is spelled out here.
+
+use super::config::KafkaSettings;
+use super::error::KafkaError;
+use rdkafka::ClientConfig;
+
+/// Passthrough keys that would break "commit only after the outcome is
+/// stored"; refused at start-up.
+const PROTECTED: [&str; 2] = ["enable.auto.commit", "enable.auto.offset.store"];
+
+pub fn validate(s: &KafkaSettings) -> Result<(), KafkaError> {
+    let bad = |setting, problem: &str| {
+        Err(KafkaError::Config {
+            setting,
+            problem: problem.into(),
+        })
+    };
+    if s.batch_size == 0 {
+        return bad("batch_size", "must be at least 1");
+    }
+    if s.max_batches_in_flight == 0 {
+        return bad("max_batches_in_flight", "must be at least 1");
+    }
+    if s.max_buffered_per_partition < 2 {
+        return bad("max_buffered_per_partition", "must be at least 2");
+    }
+    if s.dlq_suffix.is_empty() {
+        return bad(
+            "dlq_suffix",
+            "is empty: dead letters would go back to the topic they came from",
+        );
+    }
+    if let Some(key) = PROTECTED.iter().find(|k| s.client.contains_key(**k)) {
+        return Err(KafkaError::Config {
+            setting: "client",
+            problem: format!(
+                "`{key}` is managed by dedupq (offsets are committed only after outcomes \
+                 are durable); remove it"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn millis(d: std::time::Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+pub fn consumer_config(s: &KafkaSettings) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &s.brokers)
+        .set("group.id", &s.group_id)
+        .set("client.id", "dedupq")
+        // Offsets are committed explicitly, from the contiguous prefix of
+        // durable outcomes: one place decides what is committed, the revoke
+        // callback commits exactly that prefix synchronously, and nothing is
+        // committed behind our back while PostgreSQL is down. (Auto commit
+        // plus store_offset would work too, but commits then happen on
+        // librdkafka's timer, also in the middle of a revoke.)
+        .set("enable.auto.commit", "false")
+        // Never let librdkafka store a consumed position on its own.
+        .set("enable.auto.offset.store", "false")
+        // A group without a committed offset must not skip payments.
+        .set("auto.offset.reset", &s.auto_offset_reset)
+        // Incremental rebalances: only moving partitions are revoked, and
+        // the commit in the revoke callback still succeeds.
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", millis(s.session_timeout))
+        // Three heartbeats per session, as Kafka recommends.
+        .set("heartbeat.interval.ms", millis(s.session_timeout / 3))
+        // The loop keeps polling (it pauses partitions instead of stopping),
+        // so the default 5 min only trips if the process is wedged.
+        .set("max.poll.interval.ms", "300000")
+        // Records of aborted producer transactions are never processed.
+        .set("isolation.level", "read_committed")
+        // End-of-partition events are not needed.
+        .set("enable.partition.eof", "false")
+        // Bounds librdkafka's prefetch memory (the loop bounds its own
+        // buffer with max_buffered_per_partition).
+        .set("queued.max.messages.kbytes", "16384")
+        // Consumer lag and broker state for metrics and /readyz.
+        .set("statistics.interval.ms", millis(s.stats_interval));
+    for (k, v) in &s.client {
+        c.set(k, v);
+    }
+    c
+}
+
+pub fn producer_config(s: &KafkaSettings) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &s.brokers)
+        .set("client.id", "dedupq-producer")
+        // A source offset advances once its dead letter is confirmed: the
+        // confirmation must mean every in-sync replica has it.
+        .set("acks", "all")
+        // Producer retries never duplicate or reorder a dead letter.
+        .set("enable.idempotence", "true")
+        // Bounds one delivery attempt; a failed one is produced again.
+        .set("message.timeout.ms", millis(s.produce_timeout))
+        // Dead letters and replies of one batch travel together.
+        .set("linger.ms", "5");
+    for (k, v) in &s.client {
+        if !PROTECTED.contains(&k.as_str()) {
+            c.set(k, v);
+        }
+    }
+    c
+}

@@ -1,0 +1,223 @@
+//! The consume loop: fetch, group into batches (a partition in at most one
+//! batch at a time), hand each batch to a task, put retries back at the
+//! head of their partition, commit the durable prefix on a timer.
+
+use super::batch::{self, BatchDone, Shared};
+use super::config::KafkaSettings;
+use super::context::{commit, Context};
+use super::error::KafkaError;
+use super::lanes::Lanes;
+use super::ledger::{Ledger, Tp};
+use super::message::Held;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::TopicPartitionList;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub type KafkaConsumer = StreamConsumer<Context>;
+
+/// First and longest pause after the store failed a batch.
+const STORE_PAUSE_MIN: Duration = Duration::from_millis(250);
+const STORE_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+pub struct Pump {
+    pub consumer: Arc<KafkaConsumer>,
+    pub shared: Arc<Shared>,
+    pub ledger: Arc<Ledger>,
+    pub settings: KafkaSettings,
+    lanes: Lanes,
+    batches: JoinSet<BatchDone>,
+    linger_from: Option<Instant>,
+    store_failures: u32,
+}
+
+impl Pump {
+    pub fn new(
+        consumer: Arc<KafkaConsumer>,
+        shared: Arc<Shared>,
+        ledger: Arc<Ledger>,
+        settings: KafkaSettings,
+    ) -> Self {
+        Self {
+            lanes: Lanes::new(settings.max_buffered_per_partition),
+            consumer,
+            shared,
+            ledger,
+            settings,
+            batches: JoinSet::new(),
+            linger_from: None,
+            store_failures: 0,
+        }
+    }
+
+    /// Runs until `shutdown`; then drains in-flight batches (bounded) and
+    /// commits what is durable.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), KafkaError> {
+        let consumer = self.consumer.clone();
+        let mut commit_tick = tokio::time::interval(self.settings.commit_interval);
+        commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(done) = self.batches.join_next(), if !self.batches.is_empty() => {
+                    self.finished(done)?;
+                }
+                msg = consumer.recv() => self.received(msg),
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
+                _ = commit_tick.tick() => self.commit(CommitMode::Async),
+            }
+            self.dispatch();
+        }
+        self.drain().await
+    }
+
+    fn received(&mut self, msg: Result<BorrowedMessage<'_>, rdkafka::error::KafkaError>) {
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka consume error");
+                return;
+            }
+        };
+        let tp = Tp {
+            topic: msg.topic().to_string(),
+            partition: msg.partition(),
+        };
+        // None: a revoked partition's leftover, or a refetched copy.
+        let Some(lane) = self.ledger.received(&tp, msg.offset()) else {
+            return;
+        };
+        if let Some(tp) = self.lanes.push(Held::from_record(lane, &msg)) {
+            tracing::debug!(partition = %tp, "buffer full: pausing fetch");
+            self.flow(&tp, true);
+        }
+    }
+
+    fn finished(&mut self, done: Result<BatchDone, JoinError>) -> Result<(), KafkaError> {
+        let done = done.map_err(KafkaError::BatchTask)?;
+        let pause = if done.store_down {
+            self.store_failures += 1;
+            let exp = self.store_failures.saturating_sub(1).min(8);
+            Some(
+                STORE_PAUSE_MIN
+                    .saturating_mul(1 << exp)
+                    .min(STORE_PAUSE_MAX),
+            )
+        } else {
+            self.store_failures = 0;
+            None
+        };
+        let mut per_lane: HashMap<_, (Vec<Held>, Duration)> = HashMap::new();
+        for (held, after) in done.retries {
+            let entry = per_lane
+                .entry(held.lane.clone())
+                .or_insert((Vec::new(), after));
+            entry.1 = pause.unwrap_or(entry.1.min(after));
+            entry.0.push(held);
+        }
+        for lane in &done.lanes {
+            let (retries, after) = per_lane.remove(lane).unwrap_or_default();
+            if let Some(tp) = self.lanes.finished(lane, retries, after) {
+                self.flow(&tp, false);
+            }
+        }
+        Ok(())
+    }
+
+    fn dispatch(&mut self) {
+        let ledger = self.ledger.clone();
+        self.lanes.retain(|lane| ledger.owns(lane));
+        let now = Instant::now();
+        while self.batches.len() < self.settings.max_batches_in_flight {
+            let ready = self.lanes.ready(now);
+            if ready == 0 {
+                self.linger_from = None;
+                return;
+            }
+            let since = *self.linger_from.get_or_insert(now);
+            if ready < self.settings.batch_size && now < since + self.settings.batch_linger {
+                return;
+            }
+            let batch = self.lanes.take_batch(now, self.settings.batch_size);
+            if batch.is_empty() {
+                return;
+            }
+            let mut lanes: Vec<_> = batch.iter().map(|h| h.lane.clone()).collect();
+            lanes.dedup();
+            self.ledger.batch_started(&lanes);
+            self.batches.spawn(batch::run(self.shared.clone(), batch));
+        }
+    }
+
+    /// The next moment the loop has something to do besides fetching.
+    fn next_wake(&self) -> Option<Instant> {
+        if self.batches.len() >= self.settings.max_batches_in_flight {
+            return None;
+        }
+        let linger = self.linger_from.map(|t| t + self.settings.batch_linger);
+        let now = Instant::now();
+        let unblock = self.lanes.next_unblock().filter(|t| *t > now);
+        linger.into_iter().chain(unblock).min()
+    }
+
+    fn commit(&self, mode: CommitMode) {
+        let positions = self.ledger.to_commit(None);
+        match commit(self.consumer.as_ref(), &positions, mode) {
+            Ok(()) if matches!(mode, CommitMode::Sync) => {
+                for (tp, offset) in &positions {
+                    self.ledger.committed(tp, *offset);
+                }
+            }
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "offset commit failed; retried on the next tick"),
+        }
+    }
+
+    fn flow(&self, tp: &Tp, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.topic, tp.partition);
+        let r = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = r {
+            tracing::warn!(error = %e, partition = %tp, pause, "pause/resume failed");
+        }
+    }
+
+    /// Lets in-flight batches finish within the drain bound, then commits
+    /// what is durable, synchronously.
+    async fn drain(mut self) -> Result<(), KafkaError> {
+        let deadline = Instant::now() + self.settings.drain_timeout;
+        while !self.batches.is_empty() {
+            match tokio::time::timeout_at(deadline, self.batches.join_next()).await {
+                Ok(Some(done)) => self.finished(done)?,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        batches = self.batches.len(),
+                        "shutdown: batches still running after the drain timeout; \
+                         their messages stay uncommitted and come back"
+                    );
+                    // Unconfirmed dead letters and replies stop waiting.
+                    self.shared.outbox.shutdown.cancel();
+                    self.batches.abort_all();
+                    break;
+                }
+            }
+        }
+        self.commit(CommitMode::Sync);
+        tracing::info!(
+            uncommitted = self.ledger.pending(),
+            "kafka consumer stopped"
+        );
+        Ok(())
+    }
+}
