@@ -47,10 +47,11 @@ impl Engine {
                         derived_key: &p.parsed.identity.derived_key(),
                         body: &p.parsed.body,
                         attempt: *attempts as u32,
+                        epoch: *epoch,
+                        owner: &self.inner.options.owner,
                         lease_deadline,
                         source: &msg.source,
                     };
-                    let _ = epoch;
                     (j, self.call_handler(&call, lost).await)
                 }
             })

@@ -128,6 +128,8 @@ impl TransactionalEngine {
             derived_key: &derived_key,
             body: &parsed.body,
             attempt: 1,
+            epoch: crate::identity::Epoch(1),
+            owner: &self.options.owner,
             lease_deadline: Utc::now() + self.options.handler_timeout,
             source: &msg.source,
         };

@@ -58,6 +58,8 @@ impl Handler for HttpHandler {
             .timeout(self.timeout)
             .header("Idempotency-Key", call.derived_key)
             .header("X-Dedupq-Attempt", call.attempt.to_string())
+            .header("X-Dedupq-Epoch", call.epoch.to_string())
+            .header("X-Dedupq-Owner", call.owner)
             .json(call.body)
             .send()
             .await;

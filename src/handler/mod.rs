@@ -3,7 +3,7 @@
 //! it as the provider's idempotency key.
 
 use crate::engine::Source;
-use crate::identity::Identity;
+use crate::identity::{Epoch, Identity};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -17,6 +17,10 @@ pub struct HandlerCall<'a> {
     pub body: &'a Value,
     /// 1 on the first claim, +1 on every takeover.
     pub attempt: u32,
+    /// The fencing epoch of this claim.
+    pub epoch: Epoch,
+    /// The process holding the claim (engine.owner).
+    pub owner: &'a str,
     /// When the current lease ends unless renewed (the engine renews it
     /// while the handler runs).
     pub lease_deadline: DateTime<Utc>,

@@ -2,7 +2,7 @@
 //! GET|POST /admin/knobs.
 
 use super::knobs::Knobs;
-use super::ledger::{Existing, Ledger};
+use super::ledger::{Caller, Existing, Ledger};
 use crate::fingerprint::{hex, write_canonical};
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -78,6 +78,13 @@ async fn create_charge(State(s): State<AppState>, headers: HeaderMap, raw: Bytes
         .as_deref()
         .and_then(|k| k.split_once(':'))
         .map(|(t, _)| t.to_string());
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let caller = Caller {
+        key: key.as_deref(),
+        tenant: tenant.as_deref(),
+        owner: header("x-dedupq-owner"),
+        attempt: header("x-dedupq-attempt").and_then(|a| a.parse().ok()),
+    };
     let hash = body_hash(&body);
     let declined = fate.decline || body.get("card").and_then(Value::as_str) == Some(DECLINED_CARD);
 
@@ -85,7 +92,7 @@ async fn create_charge(State(s): State<AppState>, headers: HeaderMap, raw: Bytes
         (Some(key), true) => {
             match s
                 .ledger
-                .charge_once(key, tenant.as_deref(), &body, &hash, declined)
+                .charge_once(key, &caller, &body, &hash, declined)
                 .await
             {
                 Ok(Ok(id)) => id,
@@ -119,7 +126,7 @@ async fn create_charge(State(s): State<AppState>, headers: HeaderMap, raw: Bytes
         }
         _ => match s
             .ledger
-            .charge_always(key.as_deref(), tenant.as_deref(), &body, &hash, declined)
+            .charge_always(&caller, &body, &hash, declined)
             .await
         {
             Ok(id) => id,
@@ -141,7 +148,11 @@ async fn create_charge(State(s): State<AppState>, headers: HeaderMap, raw: Bytes
         "currency": body.get("currency"),
         "idempotency_key": key,
     });
-    if let Err(e) = s.ledger.succeed(id, &response).await {
+    if let Err(e) = s
+        .ledger
+        .succeed(id, &response, !fate.hang_after_charge)
+        .await
+    {
         return internal(e);
     }
     if fate.hang_after_charge {

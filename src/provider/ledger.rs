@@ -14,7 +14,13 @@ CREATE TABLE IF NOT EXISTS provider_charges (
     body_hash       text        NOT NULL,
     state           text        NOT NULL CHECK (state IN ('pending', 'succeeded', 'declined')),
     response        jsonb,
-    created_at      timestamptz NOT NULL DEFAULT now()
+    -- Who asked (X-Dedupq-Owner / X-Dedupq-Attempt), and whether the answer
+    -- was sent: a charge whose answer never left is one the caller could
+    -- not know about.
+    owner           text,
+    attempt         integer,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    answered_at     timestamptz
 );
 CREATE INDEX IF NOT EXISTS provider_charges_by_key ON provider_charges (idempotency_key);
 CREATE INDEX IF NOT EXISTS provider_charges_by_body ON provider_charges (body_hash);
@@ -23,6 +29,10 @@ CREATE INDEX IF NOT EXISTS provider_charges_by_body ON provider_charges (body_ha
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Charge {
     pub id: i64,
+    pub owner: Option<String>,
+    pub attempt: Option<i32>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub answered_at: Option<chrono::DateTime<chrono::Utc>>,
     pub idempotency_key: Option<String>,
     pub tenant: Option<String>,
     pub body: Value,
@@ -40,6 +50,13 @@ pub enum Existing {
     },
 }
 
+pub struct Caller<'a> {
+    pub key: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub owner: Option<&'a str>,
+    pub attempt: Option<i32>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Stats {
     /// Charges that moved money (pending or succeeded).
@@ -47,7 +64,8 @@ pub struct Stats {
     pub declined: i64,
     /// Distinct idempotency keys among charges.
     pub keys: i64,
-    /// Bodies (payments) charged more than once.
+    /// Payments charged more than once (a payment: tenant and the body's
+    /// `payment_id`, or the whole body when it has none).
     pub double_charged: i64,
 }
 
@@ -68,7 +86,7 @@ impl Ledger {
     pub async fn charge_once(
         &self,
         key: &str,
-        tenant: Option<&str>,
+        caller: &Caller<'_>,
         body: &Value,
         body_hash: &str,
         declined: bool,
@@ -99,7 +117,7 @@ impl Ledger {
             }));
         }
         let id = self
-            .insert(&mut tx, Some(key), tenant, body, body_hash, declined)
+            .insert(&mut tx, caller, body, body_hash, declined)
             .await?;
         tx.commit().await?;
         Ok(Ok(id))
@@ -108,22 +126,20 @@ impl Ledger {
     /// Records a charge with no idempotency check at all.
     pub async fn charge_always(
         &self,
-        key: Option<&str>,
-        tenant: Option<&str>,
+        caller: &Caller<'_>,
         body: &Value,
         body_hash: &str,
         declined: bool,
     ) -> Result<i64, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
-        self.insert(&mut conn, key, tenant, body, body_hash, declined)
+        self.insert(&mut conn, caller, body, body_hash, declined)
             .await
     }
 
     async fn insert(
         &self,
         conn: &mut sqlx::PgConnection,
-        key: Option<&str>,
-        tenant: Option<&str>,
+        caller: &Caller<'_>,
         body: &Value,
         body_hash: &str,
         declined: bool,
@@ -131,25 +147,38 @@ impl Ledger {
         let state = if declined { "declined" } else { "pending" };
         let response = declined.then(|| serde_json::json!({"error": "card_declined"}));
         sqlx::query_scalar(
-            "INSERT INTO provider_charges (idempotency_key, tenant, body, body_hash, state, response) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "INSERT INTO provider_charges \
+             (idempotency_key, tenant, body, body_hash, state, response, owner, attempt, answered_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $5 = 'declined' THEN now() END) RETURNING id",
         )
-        .bind(key)
-        .bind(tenant)
+        .bind(caller.key)
+        .bind(caller.tenant)
         .bind(body)
         .bind(body_hash)
         .bind(state)
         .bind(response)
+        .bind(caller.owner)
+        .bind(caller.attempt)
         .fetch_one(conn)
         .await
     }
 
-    pub async fn succeed(&self, id: i64, response: &Value) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE provider_charges SET state = 'succeeded', response = $2 WHERE id = $1")
-            .bind(id)
-            .bind(response)
-            .execute(&self.pool)
-            .await?;
+    /// Marks a charge succeeded; `answered` when the answer is about to be sent.
+    pub async fn succeed(
+        &self,
+        id: i64,
+        response: &Value,
+        answered: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE provider_charges SET state = 'succeeded', response = $2, \
+             answered_at = CASE WHEN $3 THEN now() END WHERE id = $1",
+        )
+        .bind(id)
+        .bind(response)
+        .bind(answered)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -159,7 +188,8 @@ impl Ledger {
         tenant: Option<&str>,
     ) -> Result<Vec<Charge>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT id, idempotency_key, tenant, body, state, response FROM provider_charges \
+            "SELECT id, idempotency_key, tenant, body, state, response, owner, attempt, created_at, answered_at \
+             FROM provider_charges \
              WHERE ($1::text IS NULL OR idempotency_key = $1) AND ($2::text IS NULL OR tenant = $2) \
              ORDER BY id",
         )
@@ -171,6 +201,10 @@ impl Ledger {
             .iter()
             .map(|r| Charge {
                 id: r.get("id"),
+                owner: r.get("owner"),
+                attempt: r.get("attempt"),
+                created_at: r.get("created_at"),
+                answered_at: r.get("answered_at"),
                 idempotency_key: r.get("idempotency_key"),
                 tenant: r.get("tenant"),
                 body: r.get("body"),
@@ -185,8 +219,9 @@ impl Ledger {
             "SELECT count(*) FILTER (WHERE state <> 'declined') AS charges, \
                     count(*) FILTER (WHERE state = 'declined') AS declined, \
                     count(DISTINCT idempotency_key) FILTER (WHERE state <> 'declined') AS keys, \
-                    (SELECT count(*) FROM (SELECT body_hash FROM provider_charges WHERE state <> 'declined' \
-                        GROUP BY body_hash HAVING count(*) > 1) d) AS double_charged \
+                    (SELECT count(*) FROM (SELECT 1 FROM provider_charges WHERE state <> 'declined' \
+                        GROUP BY tenant, coalesce(body->>'payment_id', body_hash) HAVING count(*) > 1) d) \
+                        AS double_charged \
              FROM provider_charges",
         )
         .fetch_one(&self.pool)
