@@ -74,6 +74,10 @@ pub struct AmqpSettings {
     /// claiming (the batch never exceeds `prefetch`).
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
+    /// Batches of one queue processed at once. More than one, so that a
+    /// slow handler does not hold up the rest of the queue; acks are per
+    /// delivery, so batches may finish in any order.
+    pub max_batches_in_flight: usize,
     /// First wait before reconnecting after a lost connection; doubles up to
     /// `reconnect_backoff_max`.
     #[serde(with = "humantime_serde")]
@@ -106,6 +110,7 @@ impl Default for AmqpSettings {
             retry_delay_min: Duration::from_millis(250),
             retry_delay_max: Duration::from_secs(60),
             batch_linger: Duration::from_millis(5),
+            max_batches_in_flight: 4,
             reconnect_backoff_min: Duration::from_millis(200),
             reconnect_backoff_max: Duration::from_secs(10),
             heartbeat: Duration::from_secs(10),
@@ -154,6 +159,13 @@ impl AmqpSettings {
             ));
         }
         self.check_names()?;
+        if self.max_batches_in_flight == 0 {
+            return Err(ConfigError::new(
+                "amqp.max_batches_in_flight",
+                "must be at least 1",
+                "the default is 4",
+            ));
+        }
         if self.max_redeliveries == 0 {
             return Err(ConfigError::new(
                 "amqp.max_redeliveries",
