@@ -1,0 +1,15 @@
+//! The Kafka transport against the real broker and PostgreSQL: offsets
+//! advance only over durable outcomes, duplicates never cause a second
+//! effect, bad input is dead-lettered, rebalances and crashes lose nothing.
+//! (The PostgreSQL outage test is its own binary: tests/kafka_outage.)
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod common;
+mod crashes;
+mod dead_letters;
+mod duplicates;
+mod rebalance;
+mod replies;
+mod retries;
