@@ -75,7 +75,7 @@ async fn the_crash_test_catches_a_provider_that_ignores_the_derived_key() {
     );
 }
 
-async fn wait_ready(dedupq: &Dedupq) {
+pub async fn wait_ready(dedupq: &Dedupq) {
     let url = format!("http://{}/readyz", dedupq.http);
     support::eventually(Duration::from_secs(20), "dedupq ready", || {
         let url = url.clone();

@@ -5,6 +5,7 @@
 mod support;
 
 mod crash;
+mod cross_transport;
 mod duplicates;
 mod in_flight;
 mod poison;

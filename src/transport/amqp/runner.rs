@@ -35,6 +35,8 @@ pub async fn run(
         engine,
         health,
     };
+    // Configured but not consuming yet: not ready.
+    session.mark(false);
     let mut attempt = 1;
     loop {
         let (result, established) = session.run(&shutdown).await;
