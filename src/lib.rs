@@ -14,6 +14,7 @@ pub mod identity;
 mod maintenance;
 pub mod metrics;
 pub mod provider;
+pub mod scenario;
 pub mod server;
 pub mod startup;
 pub mod store;

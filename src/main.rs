@@ -32,6 +32,8 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 .run_until_stopped()
                 .await?
         }
+        Command::Demo(args) => run_scenario(args, "demo", &settings).await?,
+        Command::Chaos(args) => run_scenario(args, "ci", &settings).await?,
         Command::Provider(args) => run_provider(args, &settings).await?,
         Command::Migrate => {
             let store = Store::connect_lazy(&settings.store)?;
@@ -69,5 +71,32 @@ async fn run_provider(args: dedupq::cli::ProviderArgs, settings: &Settings) -> a
         shutdown,
     )
     .await?;
+    Ok(())
+}
+
+async fn run_scenario(
+    args: dedupq::cli::ScenarioArgs,
+    default_profile: &str,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let name = args.profile.as_deref().unwrap_or(default_profile);
+    let profile = dedupq::scenario::Profile::named(name).ok_or_else(|| {
+        anyhow::anyhow!("--profile must be demo, ci, long or broken, not '{name}'")
+    })?;
+    let options = dedupq::scenario::Options {
+        database_url: settings.store.url.expose().to_string(),
+        brokers: args.brokers,
+        amqp_url: args.amqp_url,
+        services: args.services,
+        workdir: args.workdir,
+        progress: true,
+    };
+    let report = dedupq::scenario::run(&profile, &options).await?;
+    println!("{report}");
+    anyhow::ensure!(
+        report.passed(),
+        "{} invariant violation(s)",
+        report.violations.len()
+    );
     Ok(())
 }

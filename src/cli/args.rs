@@ -22,6 +22,12 @@ pub enum Command {
     Run,
     /// Run the payment-provider simulator (charges once per Idempotency-Key).
     Provider(ProviderArgs),
+    /// The main job end to end: a payment stream with duplicates and a
+    /// crash through Kafka and RabbitMQ into dedupq, then a summary.
+    Demo(ScenarioArgs),
+    /// The fault-injection run: kills, restarts, outages, a misbehaving
+    /// provider; exits non-zero if any invariant breaks.
+    Chaos(ScenarioArgs),
     /// Apply the key-table migrations and exit.
     Migrate,
     /// Print the effective configuration (secrets hidden) and exit.
@@ -84,4 +90,25 @@ pub struct ProviderArgs {
     /// Charge on every request, ignoring Idempotency-Key.
     #[arg(long)]
     pub ignore_keys: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScenarioArgs {
+    /// demo, ci, long, or broken (short, for builds with a guarantee switched off).
+    #[arg(long)]
+    pub profile: Option<String>,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// The script that restarts PostgreSQL and Kafka during chaos runs.
+    #[arg(long, default_value = "scripts/services")]
+    pub services: PathBuf,
+    /// Logs of the processes of the run.
+    #[arg(long, default_value = "/var/tmp/dedupq-scenarios")]
+    pub workdir: PathBuf,
 }

@@ -3,5 +3,5 @@
 mod args;
 mod keys;
 
-pub use args::{Cli, Command, KeysCommand, ProviderArgs};
+pub use args::{Cli, Command, KeysCommand, ProviderArgs, ScenarioArgs};
 pub use keys::run_keys;

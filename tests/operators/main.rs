@@ -6,4 +6,4 @@ mod support;
 
 mod keys_cli;
 mod metrics_endpoint;
-
+mod readme;

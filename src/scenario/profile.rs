@@ -1,0 +1,158 @@
+//! Named scenario profiles: the demo, the CI chaos run, the long chaos run.
+
+use super::workload::WorkloadSpec;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// A fault at a moment of the run.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// SIGKILL one dedupq instance and restart it.
+    KillOne,
+    RestartPostgres,
+    RestartKafka,
+    CloseAmqpConnections,
+    /// Apply these provider knobs (a partial object) for a while, then reset.
+    Provider {
+        knobs: Value,
+        for_: Duration,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub name: &'static str,
+    pub workload: WorkloadSpec,
+    pub processes: usize,
+    pub partitions: i32,
+    /// SIGKILL a random instance every so often (min, max), restarting it.
+    pub kill_every: Option<(Duration, Duration)>,
+    pub faults: Vec<(Duration, Fault)>,
+    /// Run the provider without idempotency, so any second execution shows
+    /// as a second charge.
+    pub provider_ignores_keys: bool,
+    pub quiesce_limit: Duration,
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn workload(keys: usize, total: usize, publish_for: u64) -> WorkloadSpec {
+    WorkloadSpec {
+        seed: 20261129,
+        run_id: String::new(),
+        unique_keys: keys,
+        total_messages: total,
+        tenants: 8,
+        conflicts: (keys / 200).max(3),
+        invalid: (keys / 250).max(4),
+        publish_for: secs(publish_for),
+    }
+}
+
+impl Profile {
+    pub fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "demo" => Profile {
+                name: "demo",
+                workload: workload(2000, 6000, 20),
+                processes: 2,
+                partitions: 4,
+                kill_every: None,
+                faults: vec![(secs(8), Fault::KillOne)],
+                provider_ignores_keys: false,
+                quiesce_limit: secs(120),
+            },
+            "ci" => Profile {
+                name: "ci",
+                workload: workload(6000, 20000, 75),
+                processes: 3,
+                partitions: 6,
+                kill_every: Some((secs(3), secs(6))),
+                faults: vec![
+                    (
+                        secs(12),
+                        Fault::Provider {
+                            knobs: json!({"latency": "300ms"}),
+                            for_: secs(8),
+                        },
+                    ),
+                    (secs(18), Fault::CloseAmqpConnections),
+                    (secs(25), Fault::RestartPostgres),
+                    (
+                        secs(33),
+                        Fault::Provider {
+                            knobs: json!({"fail_rate": 0.3}),
+                            for_: secs(8),
+                        },
+                    ),
+                    (secs(45), Fault::RestartKafka),
+                    (
+                        secs(55),
+                        Fault::Provider {
+                            knobs: json!({"hang_after_charge_rate": 0.02}),
+                            for_: secs(6),
+                        },
+                    ),
+                    (secs(62), Fault::CloseAmqpConnections),
+                ],
+                provider_ignores_keys: true,
+                quiesce_limit: secs(240),
+            },
+            "long" => Profile {
+                name: "long",
+                workload: workload(25000, 100000, 400),
+                processes: 3,
+                partitions: 12,
+                kill_every: Some((secs(3), secs(8))),
+                faults: (0..5)
+                    .flat_map(|i| {
+                        let t = 60 * i + 20;
+                        vec![
+                            (
+                                secs(t),
+                                Fault::Provider {
+                                    knobs: json!({"latency": "400ms"}),
+                                    for_: secs(10),
+                                },
+                            ),
+                            (secs(t + 12), Fault::CloseAmqpConnections),
+                            (secs(t + 20), Fault::RestartPostgres),
+                            (
+                                secs(t + 30),
+                                Fault::Provider {
+                                    knobs: json!({"fail_rate": 0.4}),
+                                    for_: secs(10),
+                                },
+                            ),
+                            (secs(t + 42), Fault::RestartKafka),
+                            (
+                                secs(t + 52),
+                                Fault::Provider {
+                                    knobs: json!({"hang_after_charge_rate": 0.03}),
+                                    for_: secs(6),
+                                },
+                            ),
+                        ]
+                    })
+                    .collect(),
+                provider_ignores_keys: true,
+                quiesce_limit: secs(600),
+            },
+            // Short, for builds with a guarantee switched off on purpose:
+            // concurrent duplicates on several instances must show.
+            "broken" => Profile {
+                name: "broken",
+                workload: workload(1500, 6000, 20),
+                processes: 3,
+                partitions: 6,
+                kill_every: None,
+                faults: vec![],
+                provider_ignores_keys: true,
+                quiesce_limit: secs(120),
+            },
+            _ => return None,
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! Publishing the workload: Kafka with delivery reports (to know every
+//! message's partition and offset), RabbitMQ with publisher confirms and a
+//! reconnect, as a careful producer would.
+
+use super::workload::{Planned, Route};
+use anyhow::{anyhow, Context};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where a Kafka message landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Coordinates {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+pub struct KafkaPublisher {
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl KafkaPublisher {
+    pub fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            // Every copy must land: wait for the broker, and keep retrying
+            // through a broker restart.
+            .set("acks", "all")
+            .set("message.timeout.ms", "180000")
+            .set("linger.ms", "2")
+            .create()
+            .context("creating the Kafka producer")?;
+        Ok(Self {
+            producer,
+            topic: topic.to_string(),
+        })
+    }
+
+    pub async fn publish(&self, msg: &Planned) -> anyhow::Result<Coordinates> {
+        let mut headers = OwnedHeaders::new();
+        if let Some(t) = &msg.tenant {
+            headers = headers.insert(Header {
+                key: "client-id",
+                value: Some(t.as_bytes()),
+            });
+        }
+        if let Some(k) = &msg.key {
+            headers = headers.insert(Header {
+                key: "idempotency-key",
+                value: Some(k.as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::<str, [u8]>::to(&self.topic)
+            .payload(&msg.body)
+            .headers(headers);
+        if let (Route::Kafka, Some(k)) = (msg.route, &msg.key) {
+            record = record.key(k.as_str());
+        }
+        let delivery = self
+            .producer
+            .send(record, Duration::from_secs(60))
+            .await
+            .map_err(|(e, _)| anyhow!("producing to {}: {e}", self.topic))?;
+        Ok(Coordinates {
+            partition: delivery.partition,
+            offset: delivery.offset,
+        })
+    }
+}
+
+pub struct AmqpPublisher {
+    url: String,
+    queue: String,
+    channel: Option<(Connection, Channel)>,
+    /// Publishes repeated after a lost connection (the broker may have the
+    /// first copy too: a producer duplicate, which dedupq must absorb).
+    pub republished: usize,
+}
+
+impl AmqpPublisher {
+    pub fn new(url: &str, queue: &str) -> Self {
+        Self {
+            url: url.to_string(),
+            queue: queue.to_string(),
+            channel: None,
+            republished: 0,
+        }
+    }
+
+    async fn channel(&mut self) -> anyhow::Result<&Channel> {
+        if self
+            .channel
+            .as_ref()
+            .is_none_or(|(c, ch)| !c.status().connected() || !ch.status().connected())
+        {
+            let props = ConnectionProperties::default()
+                .with_connection_name("dedupq-scenario-publisher".into());
+            let connection = Connection::connect(&self.url, props)
+                .await
+                .context("connecting to RabbitMQ")?;
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions { nowait: false })
+                .await?;
+            self.channel = Some((connection, channel));
+        }
+        Ok(&self.channel.as_ref().expect("set above").1)
+    }
+
+    /// Publishes until the broker confirms it, reconnecting as needed.
+    pub async fn publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.try_publish(msg).await {
+                Ok(()) => return Ok(()),
+                Err(e) if attempts < 60 => {
+                    tracing::debug!(error = %e, "publish to RabbitMQ failed; reconnecting");
+                    self.channel = None;
+                    self.republished += 1;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn try_publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
+        let queue = ShortString::from(self.queue.clone());
+        let mut headers = BTreeMap::new();
+        if let Some(t) = &msg.tenant {
+            headers.insert(
+                ShortString::from("client-id"),
+                AMQPValue::LongString(t.as_str().into()),
+            );
+        }
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into());
+        if let Some(k) = &msg.key {
+            // Half through the header, half through message_id: both are
+            // places a producer may put the key.
+            if k.len() % 2 == 0 {
+                headers.insert(
+                    ShortString::from("idempotency-key"),
+                    AMQPValue::LongString(k.as_str().into()),
+                );
+            } else if let Ok(id) = ShortString::try_new(k.as_str()) {
+                props = props.with_message_id(id);
+            } else {
+                headers.insert(
+                    ShortString::from("idempotency-key"),
+                    AMQPValue::LongString(k.as_str().into()),
+                );
+            }
+        }
+        let props = props.with_headers(FieldTable::from(headers));
+        let channel = self.channel().await?;
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue,
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &msg.body,
+                props,
+            )
+            .await?
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(()),
+            other => Err(anyhow!("publish not confirmed: {other:?}")),
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The README's commands, configuration and metrics are checked against the
+//! code, so they cannot drift.
+
+use clap::Parser;
+use dedupq::cli::Cli;
+use dedupq::config::Settings;
+use dedupq::metrics::Metrics;
+use std::collections::BTreeSet;
+
+fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
+}
+
+/// The fenced blocks of one language.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    text.split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or("").to_string())
+        .collect()
+}
+
+fn leaf_paths(value: &toml::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                leaf_paths(v, &format!("{prefix}{k}."), out);
+            }
+            if t.is_empty() {
+                out.insert(prefix.trim_end_matches('.').to_string());
+            }
+        }
+        _ => {
+            out.insert(prefix.trim_end_matches('.').to_string());
+        }
+    }
+}
+
+#[test]
+fn the_configuration_reference_lists_every_setting_with_its_default() {
+    let text = readme();
+    let reference = blocks(&text, "toml")
+        .into_iter()
+        .find(|b| b.contains("[store]") && b.contains("[log]"))
+        .expect("a full configuration block in the README");
+    let raw: toml::Value = toml::from_str(&reference).expect("the reference is valid TOML");
+    let parsed: Settings =
+        toml::from_str(&reference).expect("the reference parses as Settings (no unknown keys)");
+    parsed
+        .validate()
+        .expect("the reference is a valid configuration");
+
+    let defaults = toml::Value::try_from(Settings::default()).unwrap();
+    assert_eq!(
+        toml::Value::try_from(&parsed).unwrap(),
+        defaults,
+        "every value in the reference is the default"
+    );
+    let (mut documented, mut actual) = (BTreeSet::new(), BTreeSet::new());
+    leaf_paths(&raw, "", &mut documented);
+    leaf_paths(&defaults, "", &mut actual);
+    let missing: Vec<_> = actual.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "settings missing from the README: {missing:?}"
+    );
+}
+
+#[test]
+fn every_metric_in_the_readme_exists_and_every_metric_is_documented() {
+    let text = readme();
+    let documented: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `dedupq_"))
+        .map(|rest| format!("dedupq_{}", rest.split('`').next().unwrap()))
+        .collect();
+    let metrics = Metrics::new();
+    // Vec metrics appear once they have a sample: touch one of each.
+    metrics
+        .messages
+        .with_label_values(&["kafka", "processed"])
+        .inc();
+    metrics.claims.with_label_values(&["won"]).inc();
+    metrics
+        .handler_duration
+        .with_label_values(&["success"])
+        .observe(0.1);
+    metrics
+        .store_duration
+        .with_label_values(&["claim"])
+        .observe(0.1);
+    metrics.keys.with_label_values(&["done"]).set(1);
+    metrics.dead_letters.with_label_values(&["conflict"]).inc();
+    metrics.consumer_lag.with_label_values(&["t", "0"]).set(1);
+    metrics.broker_up.with_label_values(&["kafka"]).set(1);
+    metrics
+        .end_to_end
+        .with_label_values(&["kafka"])
+        .observe(0.1);
+    let exported: BTreeSet<String> = metrics
+        .registry
+        .gather()
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+    assert_eq!(documented, exported);
+}
+
+#[test]
+fn the_readme_commands_exist_and_parse() {
+    let text = readme();
+    for script in ["scripts/demo", "scripts/test", "scripts/services"] {
+        assert!(text.contains(script), "README mentions {script}");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).expect(script).permissions(),
+        );
+        assert!(mode & 0o111 != 0, "{script} is executable");
+    }
+    let ci = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/run")).unwrap();
+    assert!(
+        ci.contains("./scripts/test"),
+        "CI runs the README's test command"
+    );
+
+    let commands: Vec<String> = blocks(&text, "sh")
+        .iter()
+        .flat_map(|b| b.lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| l.starts_with("dedupq "))
+        .collect();
+    assert!(commands.len() >= 5);
+    for line in commands {
+        let command = line.split('#').next().unwrap();
+        let mut words = Vec::new();
+        let mut quoted = command.split('"');
+        while let Some(plain) = quoted.next() {
+            words.extend(plain.split_whitespace().map(str::to_string));
+            if let Some(q) = quoted.next() {
+                words.push(q.to_string());
+            }
+        }
+        Cli::try_parse_from(&words)
+            .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
+    }
+}
