@@ -9,6 +9,7 @@ mod cross_transport;
 mod duplicates;
 mod in_flight;
 mod poison;
+mod secrets;
 mod topology;
 
 use dedupq::engine::Engine;
