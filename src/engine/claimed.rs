@@ -52,6 +52,11 @@ impl Engine {
                         lease_deadline,
                         source: &msg.source,
                     };
+                    #[cfg(feature = "broken-claim-after-work")]
+                    if let Some(done) = &p.early {
+                        let _ = lost;
+                        return (j, done.clone());
+                    }
                     (j, self.call_handler(&call, lost).await)
                 }
             })

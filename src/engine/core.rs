@@ -38,6 +38,9 @@ pub(super) struct Inner {
 pub(super) struct Pending {
     pub index: usize,
     pub parsed: Parsed,
+    /// Test-only: the handler's outcome when it ran before the claim.
+    #[cfg(feature = "broken-claim-after-work")]
+    pub early: Option<crate::handler::HandlerOutcome>,
 }
 
 impl Engine {
@@ -84,10 +87,17 @@ impl Engine {
         let mut pending = Vec::new();
         for (index, msg) in batch.iter().enumerate() {
             match self.inner.parser.parse(msg) {
-                Ok(parsed) => pending.push(Pending { index, parsed }),
+                Ok(parsed) => pending.push(Pending {
+                    index,
+                    parsed,
+                    #[cfg(feature = "broken-claim-after-work")]
+                    early: None,
+                }),
                 Err(reason) => decisions[index] = Some(Decision::invalid(reason)),
             }
         }
+        #[cfg(feature = "broken-claim-after-work")]
+        self.work_before_claiming(batch, &mut pending).await;
         // A statement may touch a row once, and messages with one key must
         // be handled in order: the first of each key goes first, repeats
         // in later rounds (where they find the first one's result).
@@ -106,6 +116,30 @@ impl Engine {
             self.record(msg, decision);
         }
         Ok(decisions)
+    }
+
+    /// Test-only: the naive order (work first, then record the key), so
+    /// the tests and the chaos run can show that they catch it.
+    #[cfg(feature = "broken-claim-after-work")]
+    async fn work_before_claiming(&self, batch: &[Incoming], pending: &mut [Pending]) {
+        let runs = pending.iter().map(|p| async {
+            let derived_key = p.parsed.identity.derived_key();
+            let call = crate::handler::HandlerCall {
+                identity: &p.parsed.identity,
+                derived_key: &derived_key,
+                body: &p.parsed.body,
+                attempt: 1,
+                epoch: crate::identity::Epoch(0),
+                owner: &self.inner.options.owner,
+                lease_deadline: Utc::now() + self.inner.options.lease,
+                source: &batch[p.index].source,
+            };
+            self.inner.handler.handle(&call).await
+        });
+        let outcomes = futures::future::join_all(runs).await;
+        for (p, outcome) in pending.iter_mut().zip(outcomes) {
+            p.early = Some(outcome);
+        }
     }
 
     async fn run_round(
