@@ -74,6 +74,9 @@ impl Ledger {
     pub fn received(&self, tp: &Tp, offset: i64) -> Option<Lane> {
         let mut s = self.lock();
         let part = s.parts.get_mut(tp)?;
+        // Where this member started is committed already (or is the log
+        // start): only progress past it is worth a commit.
+        part.committed.get_or_insert(offset);
         part.offsets.received(offset).then(|| Lane {
             tp: tp.clone(),
             generation: part.generation,
@@ -152,7 +155,9 @@ impl Ledger {
             .filter(|(tp, _)| only.is_none_or(|o| o.contains(tp)))
             .filter_map(|(tp, p)| {
                 let pos = p.offsets.position()?;
-                (p.committed.is_none_or(|c| pos > c)).then(|| (tp.clone(), pos))
+                p.committed
+                    .is_some_and(|c| pos > c)
+                    .then(|| (tp.clone(), pos))
             })
             .collect()
     }
