@@ -8,7 +8,12 @@ use std::process::ExitCode;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
-        Ok(s) => s,
+        Ok(mut s) => {
+            if cli.json_logs {
+                s.log.format = dedupq::config::LogFormat::Json;
+            }
+            s
+        }
         Err(e) => {
             eprintln!("dedupq: {e}");
             return ExitCode::from(2);

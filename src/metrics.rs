@@ -12,6 +12,8 @@ pub struct Metrics(Arc<Inner>);
 
 pub struct Inner {
     pub registry: Registry,
+    /// Every metric family name, labelled or not, sampled or not.
+    pub names: Vec<String>,
     /// transport, outcome
     pub messages: IntCounterVec,
     /// result: won, takeover, duplicate, held, conflict, contended
@@ -58,9 +60,15 @@ fn seconds_buckets() -> Vec<f64> {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
+        let mut names = Vec::new();
         macro_rules! register {
             ($metric:expr) => {{
                 let m = $metric.expect("static metric definition is valid");
+                names.extend(
+                    prometheus::core::Collector::desc(&m)
+                        .iter()
+                        .map(|d| d.fq_name.clone()),
+                );
                 registry
                     .register(Box::new(m.clone()))
                     .expect("metric names are unique");
@@ -147,6 +155,7 @@ impl Metrics {
                 &["transport"]
             )),
             registry,
+            names,
         };
         Self(Arc::new(inner))
     }

@@ -12,6 +12,9 @@ pub struct Cli {
     /// environment variables override it).
     #[arg(long, short, global = true, env = "DEDUPQ_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Log as JSON lines (same as log.format = "json").
+    #[arg(long, global = true)]
+    pub json_logs: bool,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod compose;
 mod keys_cli;
 mod metrics_endpoint;
 mod readme;

@@ -74,35 +74,7 @@ fn every_metric_in_the_readme_exists_and_every_metric_is_documented() {
         .filter_map(|l| l.strip_prefix("| `dedupq_"))
         .map(|rest| format!("dedupq_{}", rest.split('`').next().unwrap()))
         .collect();
-    let metrics = Metrics::new();
-    // Vec metrics appear once they have a sample: touch one of each.
-    metrics
-        .messages
-        .with_label_values(&["kafka", "processed"])
-        .inc();
-    metrics.claims.with_label_values(&["won"]).inc();
-    metrics
-        .handler_duration
-        .with_label_values(&["success"])
-        .observe(0.1);
-    metrics
-        .store_duration
-        .with_label_values(&["claim"])
-        .observe(0.1);
-    metrics.keys.with_label_values(&["done"]).set(1);
-    metrics.dead_letters.with_label_values(&["conflict"]).inc();
-    metrics.consumer_lag.with_label_values(&["t", "0"]).set(1);
-    metrics.broker_up.with_label_values(&["kafka"]).set(1);
-    metrics
-        .end_to_end
-        .with_label_values(&["kafka"])
-        .observe(0.1);
-    let exported: BTreeSet<String> = metrics
-        .registry
-        .gather()
-        .iter()
-        .map(|f| f.name().to_string())
-        .collect();
+    let exported: BTreeSet<String> = Metrics::new().names.iter().cloned().collect();
     assert_eq!(documented, exported);
 }
 
