@@ -140,21 +140,29 @@ async fn create_charge(State(s): State<AppState>, headers: HeaderMap, raw: Bytes
             "the card was declined",
         );
     }
-    tokio::time::sleep(knobs.latency).await;
-    let response = json!({
-        "id": format!("ch_{id}"),
-        "status": "succeeded",
-        "amount": body.get("amount"),
-        "currency": body.get("currency"),
-        "idempotency_key": key,
+    // A charge, once recorded, completes even if the caller hangs up (as a
+    // real provider's does): otherwise it would stay pending and answer
+    // every retry with 409.
+    let ledger = s.ledger.clone();
+    let finish = tokio::spawn(async move {
+        tokio::time::sleep(knobs.latency).await;
+        let response = json!({
+            "id": format!("ch_{id}"),
+            "status": "succeeded",
+            "amount": body.get("amount"),
+            "currency": body.get("currency"),
+            "idempotency_key": key,
+        });
+        ledger
+            .succeed(id, &response, !fate.hang_after_charge)
+            .await
+            .map(|()| response)
     });
-    if let Err(e) = s
-        .ledger
-        .succeed(id, &response, !fate.hang_after_charge)
-        .await
-    {
-        return internal(e);
-    }
+    let response = match finish.await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => return internal(e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e),
+    };
     if fate.hang_after_charge {
         std::future::pending::<()>().await;
     }

@@ -23,7 +23,7 @@ async fn a_permanent_failure_is_stored_and_replayed_without_running_again() {
     let engine = support::engine(&store, handler.clone(), support::fast_options());
     let msg = support::message("acme", "declined", r#"{"amount": 1}"#);
 
-    let first = engine.process(&[msg.clone()]).await.unwrap();
+    let first = engine.process(std::slice::from_ref(&msg)).await.unwrap();
     let again = engine.process(&[msg]).await.unwrap();
 
     assert_eq!(first[0].outcome, Outcome::Failed);
@@ -45,7 +45,7 @@ async fn a_transient_failure_releases_the_key_and_the_retry_takes_it_over_at_onc
     let engine = support::engine(&store, handler.clone(), support::fast_options());
     let msg = support::message("acme", "flaky", r#"{"amount": 1}"#);
 
-    let first = engine.process(&[msg.clone()]).await.unwrap();
+    let first = engine.process(std::slice::from_ref(&msg)).await.unwrap();
     assert_eq!(first[0].outcome, Outcome::Retried);
     assert!(matches!(first[0].action, Action::RetryLater { .. }));
     let second = engine.process(&[msg]).await.unwrap();
@@ -71,7 +71,13 @@ async fn after_max_attempts_a_transient_failure_is_stored_failed_and_dead_letter
 
     let mut outcomes = Vec::new();
     for _ in 0..3 {
-        outcomes.push(engine.process(&[msg.clone()]).await.unwrap().remove(0));
+        outcomes.push(
+            engine
+                .process(std::slice::from_ref(&msg))
+                .await
+                .unwrap()
+                .remove(0),
+        );
     }
 
     assert_eq!(outcomes[0].outcome, Outcome::Retried);
@@ -99,7 +105,7 @@ async fn an_unknown_outcome_is_recorded_and_retried_with_the_same_derived_key() 
     let engine = support::engine(&store, handler.clone(), support::fast_options());
     let msg = support::message("acme", "maybe", r#"{"amount": 1}"#);
 
-    let first = engine.process(&[msg.clone()]).await.unwrap();
+    let first = engine.process(std::slice::from_ref(&msg)).await.unwrap();
     assert_eq!(first[0].outcome, Outcome::Unknown);
     let parsed = dedupq::engine::Parser::new(&Default::default())
         .parse(&msg)

@@ -23,7 +23,7 @@ async fn a_handler_three_times_slower_than_the_lease_keeps_its_claim() {
     let rival = support::engine(&store, rival_handler.clone(), options);
     let mut rival_outcomes = Vec::new();
     while !running.is_finished() {
-        let d = rival.process(&[msg.clone()]).await.unwrap();
+        let d = rival.process(std::slice::from_ref(&msg)).await.unwrap();
         rival_outcomes.push(d[0].outcome);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

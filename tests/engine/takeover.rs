@@ -35,7 +35,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
 
     let handler = Arc::new(Recording::with_delay(Duration::from_millis(1500)));
     let engine = support::engine(&store, handler.clone(), support::fast_options());
-    let first = engine.process(&[msg.clone()]).await.unwrap();
+    let first = engine.process(std::slice::from_ref(&msg)).await.unwrap();
     assert_eq!(
         first[0].outcome,
         Outcome::InFlight,
@@ -47,7 +47,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
         let engine = engine.clone();
         async move {
             loop {
-                let d = engine.process(&[msg.clone()]).await.unwrap();
+                let d = engine.process(std::slice::from_ref(&msg)).await.unwrap();
                 if d[0].outcome != Outcome::InFlight {
                     return d[0].clone();
                 }

@@ -104,7 +104,7 @@ async fn a_permanent_failure_rolls_back_the_work_but_stores_the_failure() {
     let (store, engine) = setup().await;
     let msg = support::message("acme", "order-neg", r#"{"amount": -5}"#);
 
-    let d = engine.process(&[msg.clone()]).await.unwrap();
+    let d = engine.process(std::slice::from_ref(&msg)).await.unwrap();
 
     assert_eq!(d[0].outcome, Outcome::Failed);
     assert_eq!(

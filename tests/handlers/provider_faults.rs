@@ -14,7 +14,7 @@ async fn a_declined_card_is_stored_failed_and_replayed_without_calling_the_provi
     let body = json!({"amount": 10, "currency": "EUR", "card": DECLINED_CARD}).to_string();
     let msg = support::message("acme", "declined-1", &body);
 
-    let first = engine.process(&[msg.clone()]).await.unwrap();
+    let first = engine.process(std::slice::from_ref(&msg)).await.unwrap();
     let again = engine.process(&[msg]).await.unwrap();
 
     assert_eq!(first[0].outcome, Outcome::Failed);

@@ -1,5 +1,5 @@
 use crate::support::{self, handlers::Recording, process::metric_value};
-use dedupq::config::Settings;
+use dedupq::config::{HttpSettings, Settings};
 use dedupq::startup::Application;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,9 +7,13 @@ use std::time::Duration;
 #[tokio::test]
 async fn metrics_report_known_input_and_readyz_reflects_the_store() {
     let (_, store_settings) = support::isolated_store().await;
-    let mut settings = Settings::default();
-    settings.store = store_settings;
-    settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    let settings = Settings {
+        store: store_settings,
+        http: HttpSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+        },
+        ..Settings::default()
+    };
     let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
         .await
         .unwrap();

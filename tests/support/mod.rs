@@ -49,14 +49,18 @@ pub async fn isolated_store() -> (Store, StoreSettings) {
 
 /// Engine options for tests: short leases so takeovers happen in seconds.
 pub fn fast_options() -> EngineOptions {
-    let mut o = EngineOptions::default();
-    o.owner = unique("worker");
-    o.lease = Duration::from_secs(2);
-    o.renew_every = Duration::from_millis(500);
-    o.handler_timeout = Duration::from_secs(30);
-    o.backoff.min = Duration::from_millis(20);
-    o.backoff.max = Duration::from_millis(200);
-    o
+    let defaults = EngineOptions::default();
+    EngineOptions {
+        owner: unique("worker"),
+        lease: Duration::from_secs(2),
+        renew_every: Duration::from_millis(500),
+        handler_timeout: Duration::from_secs(30),
+        backoff: dedupq::engine::Backoff {
+            min: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
+        ..defaults
+    }
 }
 
 pub fn engine(store: &Store, handler: Arc<dyn Handler>, options: EngineOptions) -> Engine {
