@@ -59,8 +59,9 @@ async fn a_crash_between_effect_and_ack_leaves_one_charge_and_the_stored_result_
     let reply = &replies[0];
     assert_eq!(reply.correlation_id.as_deref(), Some("crash-1"));
     assert_eq!(reply.header("dedupq-status").as_deref(), Some("done"));
-    assert_eq!(reply.json()["amount"], 4200);
-    assert_eq!(reply.json()["idempotency_key"], "acme:pay-crash");
+    let result = &reply.json()["body"];
+    assert_eq!(result["amount"], 4200);
+    assert_eq!(result["idempotency_key"], "acme:pay-crash");
 }
 
 /// The broken variant: a provider that ignores idempotency keys charges

@@ -126,6 +126,23 @@ impl Applier<'_> {
         table.insert(h::STATUS.into(), text(stored.status.as_str()));
         table.insert(h::RESULT_STATUS.into(), int(stored.result_status.into()));
         table.insert(h::OUTCOME.into(), text(decision.outcome.label()));
+        let (tenant, key) = decision
+            .identity
+            .as_ref()
+            .map(|i| (i.tenant.as_str(), i.key.as_str()))
+            .unwrap_or_default();
+        table.insert(h::TENANT.into(), text(tenant));
+        table.insert(h::KEY.into(), text(key));
+        // The same envelope as Kafka replies, so a requester reading both
+        // transports parses one shape.
+        let payload = serde_json::json!({
+            "tenant": tenant,
+            "key": key,
+            "outcome": decision.outcome.label(),
+            "status": stored.status,
+            "result_status": stored.result_status,
+            "body": stored.body,
+        });
         let mut properties = BasicProperties::default()
             .with_headers(table)
             .with_content_type("application/json".into())
@@ -141,7 +158,7 @@ impl Applier<'_> {
         Outgoing {
             exchange: String::new(),
             routing_key: reply_to.to_string(),
-            payload: serde_json::to_vec(&stored.body).unwrap_or_else(|_| b"null".to_vec()),
+            payload: payload.to_string().into_bytes(),
             properties,
             need: Need::Confirmed,
         }

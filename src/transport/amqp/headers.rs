@@ -21,8 +21,9 @@ pub const DELIVERY_TAG: &str = "dedupq-delivery-tag";
 /// The producer's `user_id` property, which the broker would refuse on a
 /// republish under dedupq's own user.
 pub const USER_ID: &str = "dedupq-user-id";
-/// Replies: the key's status (`done`, `failed`), the handler's status code,
-/// and the outcome label (`processed`, `duplicate`, …).
+/// Replies (also carrying tenant and key): the key's status (`done`,
+/// `failed`), the handler's status code, and the outcome label
+/// (`processed`, `duplicate`, …).
 pub const STATUS: &str = "dedupq-status";
 pub const RESULT_STATUS: &str = "dedupq-result-status";
 pub const OUTCOME: &str = "dedupq-outcome";
