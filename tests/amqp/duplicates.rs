@@ -75,7 +75,6 @@ async fn the_same_message_published_five_times_at_once_has_one_effect_on_a_class
 #[tokio::test]
 async fn a_consumer_that_trusts_redelivered_false_would_have_five_effects() {
     let client = Client::connect().await;
-    let settings = crate::support::amqp::settings(QueueType::Classic);
     let queue = client.reply_queue().await;
     for _ in 0..5 {
         client
@@ -105,7 +104,6 @@ async fn a_consumer_that_trusts_redelivered_false_would_have_five_effects() {
         delivery.ack(Default::default()).await.unwrap();
     }
     assert_eq!(effects, 5, "every copy arrives with redelivered=false");
-    client.cleanup(&settings).await;
 }
 
 #[tokio::test]
