@@ -9,6 +9,9 @@ pub fn validate(s: &Settings) -> Result<(), ConfigError> {
     check_engine(s)?;
     check_identity(s)?;
     check_retention(s)?;
+    if !s.amqp.queues.is_empty() {
+        s.amqp.validate()?;
+    }
     Ok(())
 }
 
@@ -112,13 +115,17 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.retention;
     // A message redelivered after its key was purged would run again.
     let retry_span = s.engine.retry_backoff_max * s.engine.max_attempts;
-    let horizon = r.redelivery_horizon.max(retry_span);
+    let horizon = r
+        .redelivery_horizon
+        .max(retry_span)
+        .max(s.amqp.redelivery_span());
     if r.keep <= horizon {
         return Err(ConfigError::new(
             "retention.keep",
             format!(
                 "{} is not longer than the redelivery horizon {} (retention.redelivery_horizon, \
-                 or engine.retry_backoff_max x engine.max_attempts): a redelivered message \
+                 engine.retry_backoff_max x engine.max_attempts, or amqp.retry_delay_max x \
+                 amqp.max_redeliveries): a redelivered message \
                  could find its key purged and charge again",
                 humantime::format_duration(r.keep),
                 humantime::format_duration(horizon)

@@ -74,6 +74,12 @@ impl Engine {
         &self.inner.metrics
     }
 
+    /// The identity rules: transports that have a fallback place for the
+    /// key (AMQP's message_id) need the header name.
+    pub fn parser(&self) -> &Parser {
+        &self.inner.parser
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.inner.options
     }

@@ -119,6 +119,11 @@ impl Parser {
         }
     }
 
+    /// The header the idempotency key is read from.
+    pub fn key_header(&self) -> &str {
+        &self.key_header
+    }
+
     pub fn parse(&self, msg: &Incoming) -> Result<Parsed, InvalidReason> {
         if msg.body.len() > self.max_body_bytes {
             return Err(InvalidReason::TooLarge {

@@ -143,7 +143,7 @@ impl Shared {
     ) -> Result<(), AmqpError> {
         let (batch, metas): (Vec<_>, Vec<_>) = deliveries
             .into_iter()
-            .map(|d| receive(&self.queue, d))
+            .map(|d| receive(&self.queue, self.engine.parser().key_header(), d))
             .unzip();
         let redelivered = metas.iter().filter(|m| m.redelivered).count();
         tracing::debug!(queue = %self.queue, size = batch.len(), redelivered, "batch");

@@ -8,10 +8,6 @@ use lapin::message::Delivery;
 use lapin::types::AMQPValue;
 use lapin::{Acker, BasicProperties};
 
-/// Where the engine looks for the key first (`identity.key_header`'s
-/// default); the `message_id` property is the fallback.
-const KEY_HEADER: &str = "idempotency-key";
-
 /// What the transport keeps of a delivery besides its `Incoming`: enough
 /// to ack it, reply to it, retry it or dead-letter it.
 pub(super) struct Meta {
@@ -27,7 +23,9 @@ pub(super) struct Meta {
 
 /// Splits a delivery into what the engine needs and what the transport
 /// keeps.
-pub(super) fn receive(queue: &str, delivery: Delivery) -> (Incoming, Meta) {
+/// `key_header` is where the engine looks for the key (`identity.key_header`);
+/// the `message_id` property is the fallback.
+pub(super) fn receive(queue: &str, key_header: &str, delivery: Delivery) -> (Incoming, Meta) {
     let Delivery {
         delivery_tag,
         redelivered,
@@ -38,9 +36,9 @@ pub(super) fn receive(queue: &str, delivery: Delivery) -> (Incoming, Meta) {
     } = delivery;
     let received_at = Utc::now();
     let mut list = header_list(&properties);
-    if !list.iter().any(|(n, _)| n.eq_ignore_ascii_case(KEY_HEADER)) {
+    if !list.iter().any(|(n, _)| n.eq_ignore_ascii_case(key_header)) {
         if let Some(id) = properties.message_id() {
-            list.push((KEY_HEADER.into(), id.as_str().as_bytes().to_vec()));
+            list.push((key_header.into(), id.as_str().as_bytes().to_vec()));
         }
     }
     let table = properties.headers().as_ref();
@@ -109,6 +107,7 @@ mod tests {
     fn the_message_id_is_the_key_when_no_key_header_is_present() {
         let (incoming, _) = receive(
             "q",
+            "idempotency-key",
             delivery(BasicProperties::default().with_message_id("m-1".into())),
         );
         assert_eq!(incoming.header("idempotency-key"), Some(&b"m-1"[..]));
@@ -129,7 +128,7 @@ mod tests {
         let props = BasicProperties::default()
             .with_message_id("m-1".into())
             .with_headers(table);
-        let (incoming, meta) = receive("q", delivery(props));
+        let (incoming, meta) = receive("q", "idempotency-key", delivery(props));
         assert_eq!(incoming.header("idempotency-key"), Some(&b"h-1"[..]));
         assert_eq!(incoming.header("client-id"), Some(&b"42"[..]));
         assert_eq!(incoming.header("nested"), None);
