@@ -52,7 +52,15 @@ pub struct ChargeRow {
     pub id: i64,
     pub idempotency_key: Option<String>,
     pub attempt: Option<i32>,
+    pub owner: Option<String>,
     pub state: String,
+}
+
+impl ChargeRow {
+    /// The pid inside the owner name `host-pid-nonce`.
+    fn owner_pid(&self) -> Option<u32> {
+        self.owner.as_deref()?.rsplit('-').nth(1)?.parse().ok()
+    }
 }
 
 pub async fn charges(provider: &str) -> anyhow::Result<Vec<ChargeRow>> {
@@ -74,6 +82,8 @@ pub struct ChargeCheck {
     /// after the charge, or no answer): a provider that honours keys
     /// absorbs these; one that does not, cannot be protected from them.
     pub repeated_after_abandoned_attempt: usize,
+    /// Of those, made by a process the scenario then SIGKILLed.
+    pub repeated_by_killed_process: usize,
     pub missing: Vec<String>,
     pub unfinished: Vec<String>,
 }
