@@ -225,6 +225,11 @@ impl fmt::Display for Report {
         )?;
         row(
             f,
+            "  of which the attempt's process was SIGKILLed",
+            self.check.repeated_by_killed_process.to_string(),
+        )?;
+        row(
+            f,
             "duplicates suppressed",
             self.messages
                 .saturating_sub(self.unique_payments + self.total_dead_letters())

@@ -430,7 +430,8 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     let keys = verify::key_states(store.pool()).await?;
     let charges = verify::charges(&provider).await.unwrap_or_default();
     report.charges = charges.iter().filter(|c| c.state != "declined").count();
-    report.check = verify::check_charges(&expected, &keys, &charges);
+    let killed: Vec<u32> = fleet.kills.iter().map(|k| k.pid).collect();
+    report.check = verify::check_charges(&expected, &keys, &charges, &killed);
     let offsets = verify::committed_and_end(
         &opts.brokers,
         &names.topic,

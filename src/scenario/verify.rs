@@ -93,6 +93,7 @@ pub fn check_charges(
     expected: &[String],
     keys: &HashMap<String, KeyState>,
     charges: &[ChargeRow],
+    killed: &[u32],
 ) -> ChargeCheck {
     let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
     for c in charges.iter().filter(|c| c.state != "declined") {
@@ -139,6 +140,11 @@ pub fn check_charges(
             ));
         } else {
             out.repeated_after_abandoned_attempt += made.len() - 1;
+            out.repeated_by_killed_process += made
+                .iter()
+                .filter(|c| Some(format!("ch_{}", c.id).as_str()) != stored)
+                .filter(|c| c.owner_pid().is_some_and(|pid| killed.contains(&pid)))
+                .count();
         }
     }
     out
