@@ -47,8 +47,13 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
+        Command::Bench(args) => run_bench(args, &settings).await?,
     }
     Ok(())
+}
+
+async fn run_bench(args: dedupq::bench::BenchArgs, settings: &Settings) -> anyhow::Result<()> {
+    dedupq::bench::run(args, settings).await
 }
 
 async fn run_provider(args: dedupq::cli::ProviderArgs, settings: &Settings) -> anyhow::Result<()> {

@@ -40,6 +40,9 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Measure throughput, latency and memory against the limits (see
+    /// BENCHMARKS.md); needs PostgreSQL, Kafka and RabbitMQ.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,0 +1,135 @@
+//! RabbitMQ plumbing of the benchmark: the work queue (quorum, as dedupq
+//! declares it by default), cleanup, and the raw consume-and-ack consumer.
+
+use super::case::{Job, Measured, Phase};
+use super::service::{sent_at, CASE_LIMIT};
+use super::stats::{now_us, peak_rss_kb, percentiles, usage};
+use anyhow::Context;
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::time::Instant;
+
+/// dedupq's default `amqp.prefetch`; the raw consumer gets the same window.
+const PREFETCH: u16 = 256;
+
+async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
+    let c = Connection::connect(
+        url,
+        ConnectionProperties::default().with_connection_name("dedupq-bench".into()),
+    )
+    .await
+    .context("connecting to RabbitMQ")?;
+    let ch = c.create_channel().await?;
+    Ok((c, ch))
+}
+
+/// Declares `queue` the way dedupq declares its work queues.
+pub async fn declare(url: &str, queue: &str) -> anyhow::Result<()> {
+    let (c, ch) = channel(url).await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    ch.queue_declare(queue.into(), options, args).await?;
+    let _ = c.close(200, "declared".into()).await;
+    Ok(())
+}
+
+/// Messages ready in `queue` (unacked ones are back once consumers left).
+pub async fn ready(url: &str, queue: &str) -> anyhow::Result<u32> {
+    let (c, ch) = channel(url).await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    let q = ch
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await?;
+    let _ = c.close(200, "counted".into()).await;
+    Ok(q.message_count())
+}
+
+/// Removes the work queue and whatever dedupq declared next to it.
+pub async fn delete(url: &str, queue: &str) {
+    let Ok((c, ch)) = channel(url).await else {
+        return;
+    };
+    for q in [
+        queue.to_string(),
+        format!("{queue}.delay"),
+        format!("{queue}.dlq"),
+    ] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = ch
+        .exchange_delete(
+            format!("{queue}.dlx").as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await;
+    let _ = c.close(200, "cleaned up".into()).await;
+}
+
+/// (e) raw: consume with manual acks, ack every delivery on its own (as
+/// dedupq does), nothing else.
+pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
+    let (c, ch) = channel(&job.amqp_url).await?;
+    ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
+        .await?;
+    let mut consumer = ch
+        .basic_consume(
+            job.source.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let latency = job.phase == Phase::Latency;
+    let (mut seen, mut first, mut samples) = (0, None, Vec::new());
+    let deadline = Instant::now() + CASE_LIMIT;
+    while seen < job.expected {
+        let next = tokio::time::timeout_at(deadline, consumer.next())
+            .await
+            .context("raw RabbitMQ consumer timed out")?;
+        let delivery = next.context("consumer ended")??;
+        first.get_or_insert_with(Instant::now);
+        delivery
+            .acker
+            .ack(BasicAckOptions { multiple: false })
+            .await?;
+        if latency {
+            let body: serde_json::Value = serde_json::from_slice(&delivery.data)?;
+            if let Some(sent) = sent_at(&body) {
+                samples.push((now_us() - sent) as f64 / 1000.0);
+            }
+        }
+        seen += 1;
+        if latency && seen == job.warmup {
+            println!("READY");
+        }
+    }
+    let end = Instant::now();
+    // Closing the channel first flushes the last acks.
+    let _ = ch.close(200, "done".into()).await;
+    let _ = c.close(200, "done".into()).await;
+    Ok(Measured {
+        messages: job.expected,
+        seconds: (end - first.unwrap_or(end)).as_secs_f64(),
+        latency: percentiles(samples),
+        peak_rss_kb: peak_rss_kb(),
+        notes: vec![usage()],
+    })
+}

@@ -1,0 +1,109 @@
+//! What is measured (a case), what one child process is asked to do (a
+//! job) and what it reports back (a measurement).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The consumer under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// (a) Kafka -> dedupq (`Application`, fast in-process handler) -> commit.
+    Dedupq,
+    /// (b) one claim and one completion statement per message, sequential
+    /// per partition.
+    Naive,
+    /// (c) Kafka consume and commit, no deduplication.
+    RawKafka,
+    /// (d) `Store::claim_batch` + `Store::finish_batch` alone.
+    PgLimit,
+    /// (e) RabbitMQ -> dedupq -> ack.
+    DedupqAmqp,
+    /// (e) RabbitMQ consume and ack, no deduplication.
+    RawAmqp,
+}
+
+impl Kind {
+    pub fn uses_kafka(self) -> bool {
+        matches!(self, Kind::Dedupq | Kind::Naive | Kind::RawKafka)
+    }
+
+    pub fn uses_amqp(self) -> bool {
+        matches!(self, Kind::DedupqAmqp | Kind::RawAmqp)
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Case {
+    /// Row label, also used by `--only` and the ratio checks.
+    pub label: String,
+    pub kind: Kind,
+    /// Kafka partitions; for `PgLimit` the number of connections.
+    pub partitions: i32,
+    /// Messages of the throughput run (duplicates included).
+    pub messages: usize,
+    /// Every key sent twice (50% of the messages are duplicates).
+    pub duplicates: bool,
+    /// Key-table schema to use as it is (the 10M-row table); None: a
+    /// fresh schema, dropped afterwards.
+    pub schema: Option<String>,
+    /// How long the paced latency run produces; zero: no latency run.
+    pub latency_secs: f64,
+    /// A what-if row: `kafka.max_buffered_per_partition` set to this
+    /// instead of the configured value.
+    #[serde(default)]
+    pub buffered_per_partition: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Everything is pre-produced; consume it as fast as possible.
+    Throughput,
+    /// Warm up, print READY, then consume a paced stream and report the
+    /// latency of every message.
+    Latency,
+}
+
+/// What the parent hands one child process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub case: Case,
+    pub phase: Phase,
+    /// Kafka topic or RabbitMQ queue.
+    pub source: String,
+    /// Messages the child must see before it stops.
+    pub expected: usize,
+    /// Of those, the warm-up messages sent before READY.
+    pub warmup: usize,
+    pub schema: String,
+    pub database_url: String,
+    pub brokers: String,
+    pub amqp_url: String,
+    /// The child's own stderr (dedupq's JSON log), read back for latency.
+    pub log_path: PathBuf,
+}
+
+/// What one child measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Measured {
+    pub messages: usize,
+    pub seconds: f64,
+    /// Latency samples, milliseconds (p50, p99, count).
+    pub latency: Option<(f64, f64, usize)>,
+    /// VmHWM of the child, kB.
+    pub peak_rss_kb: u64,
+    /// Breakdown and sanity checks, printed under the table.
+    pub notes: Vec<String>,
+}
+
+impl Measured {
+    pub fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.messages as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! The parent: prepares each case (topic or queue, schema, messages),
+//! runs its measurements in child processes, cleans up, prints the report.
+
+use super::amqp;
+use super::args::BenchArgs;
+use super::case::{Case, Job, Kind, Measured, Phase};
+use super::child::run_job;
+use super::kafka::{self, COMMIT_INTERVAL};
+use super::plan::{Plan, STORED_KEYS, STORED_KEYS_SCHEMA};
+use super::prefill;
+use super::produce::{AmqpPublisher, KafkaProducer, Stream};
+use super::report::{self, Row};
+use super::service::CASE_LIMIT;
+use crate::config::Settings;
+use anyhow::Context;
+use rand::Rng;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Where the services are and where case logs go.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub database_url: String,
+    pub brokers: String,
+    pub amqp_url: String,
+    pub workdir: PathBuf,
+    /// The dedupq binary that runs the cases.
+    pub exe: PathBuf,
+}
+
+impl Env {
+    pub fn new(args: &BenchArgs, settings: &Settings) -> anyhow::Result<Self> {
+        Ok(Self {
+            database_url: settings.store.url.expose().to_string(),
+            brokers: args.brokers.clone(),
+            amqp_url: args.amqp_url.clone(),
+            workdir: args.workdir.clone(),
+            exe: std::env::current_exe().context("locating the dedupq binary")?,
+        })
+    }
+}
+
+/// `dedupq bench`: the whole run, or (`--case`) one measurement.
+pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
+    if let Some(json) = &args.case {
+        let job: Job = serde_json::from_str(json).context("parsing --case")?;
+        let measured = run_job(&job, settings).await?;
+        println!("RESULT {}", serde_json::to_string(&measured)?);
+        return Ok(());
+    }
+    let env = Env::new(&args, settings)?;
+    std::fs::create_dir_all(&env.workdir)?;
+    let mut plan = Plan::new(args.quick).only(args.only.as_deref());
+    println!("{}", header(&args, &env, settings).await);
+    if plan.cases.iter().any(|c| c.schema.is_some()) {
+        if args.quick && !prefilled(&env).await {
+            println!(
+                "stored-keys case skipped: run the full bench once to fill {STORED_KEYS_SCHEMA}"
+            );
+            plan.cases.retain(|c| c.schema.is_none());
+        } else {
+            println!(
+                "{}",
+                prefill::ensure(&env.database_url, STORED_KEYS_SCHEMA, STORED_KEYS).await?
+            );
+        }
+    }
+    let mut rows = Vec::new();
+    for case in &plan.cases {
+        eprintln!("bench: {} …", case.label);
+        let row = run_case(case, &env).await;
+        eprint!(
+            "{}",
+            report::table(std::slice::from_ref(&row))
+                .lines()
+                .nth(1)
+                .unwrap_or_default()
+        );
+        eprintln!(
+            "{}",
+            row.error
+                .as_deref()
+                .map(|e| format!("  FAILED: {e}"))
+                .unwrap_or_default()
+        );
+        rows.push(row);
+    }
+    println!("\n{}", report::table(&rows));
+    println!("{}", report::ratios(&rows));
+    println!("{}", report::notes(&rows));
+    anyhow::ensure!(rows.iter().all(|r| r.error.is_none()), "some cases failed");
+    Ok(())
+}
+
+/// The throughput run, then a paced run at half its rate. A failed run is
+/// tried once more (other test suites restart the services at times).
+pub async fn run_case(case: &Case, env: &Env) -> Row {
+    let mut row = Row {
+        case: case.clone(),
+        throughput: None,
+        latency: None,
+        error: None,
+    };
+    match twice(|| measure(case, Phase::Throughput, 0.0, env)).await {
+        Ok(m) => row.throughput = Some(m),
+        Err(e) => {
+            row.error = Some(format!("{e:#}"));
+            return row;
+        }
+    }
+    if case.latency_secs > 0.0 {
+        let rate = row.rate().unwrap_or_default() / 2.0;
+        match twice(|| measure(case, Phase::Latency, rate, env)).await {
+            Ok(m) => row.latency = Some(m),
+            Err(e) => row.error = Some(format!("latency run: {e:#}")),
+        }
+    }
+    row
+}
+
+async fn twice<F, Fut>(mut run: F) -> anyhow::Result<Measured>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Measured>>,
+{
+    match run().await {
+        Ok(m) => Ok(m),
+        Err(e) => {
+            eprintln!("bench: {e:#}; trying once more");
+            run().await
+        }
+    }
+}
+
+/// One measurement: prepare, run the child, clean up.
+async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Result<Measured> {
+    let nonce: u32 = rand::rng().random();
+    let slug: String = case
+        .label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let source = format!("bench-{slug}-{nonce:08x}");
+    let schema = case.schema.clone().unwrap_or(format!("bench_{nonce:08x}"));
+    let job = |expected, warmup| Job {
+        case: case.clone(),
+        phase,
+        source: source.clone(),
+        expected,
+        warmup,
+        schema: schema.clone(),
+        database_url: env.database_url.clone(),
+        brokers: env.brokers.clone(),
+        amqp_url: env.amqp_url.clone(),
+        log_path: env.workdir.join(format!("{source}-{phase:?}.log")),
+    };
+    let result = if case.kind == Kind::PgLimit {
+        spawn(&job(case.messages, 0), env, None).await
+    } else {
+        let (stream, warmup) = workload(case, phase, rate);
+        let job = job(stream.len(), warmup);
+        let result = prepare_and_spawn(&job, env, stream, rate).await;
+        if case.kind.uses_amqp() && result.is_ok() {
+            let left = amqp::ready(&env.amqp_url, &source)
+                .await
+                .unwrap_or(u32::MAX);
+            anyhow::ensure!(left == 0, "{left} messages left in {source} after the run");
+        }
+        result
+    };
+    if case.kind.uses_kafka() {
+        kafka::delete_topic(&env.brokers, &source).await;
+    }
+    if case.kind.uses_amqp() {
+        amqp::delete(&env.amqp_url, &source).await;
+    }
+    if case.schema.is_none() {
+        drop_schema(&env.database_url, &schema).await;
+    }
+    result
+}
+
+/// The messages of a run: everything up front for throughput; for
+/// latency one warm-up message per partition, then `latency_secs` worth.
+fn workload(case: &Case, phase: Phase, rate: f64) -> (Stream, usize) {
+    match phase {
+        Phase::Throughput => (
+            Stream::new(case.messages, case.duplicates, case.partitions),
+            0,
+        ),
+        Phase::Latency => {
+            let warmup = case.partitions.max(1) as usize;
+            let paced = ((rate * case.latency_secs) as usize).max(100);
+            (
+                Stream::new(warmup + paced, case.duplicates, case.partitions),
+                warmup,
+            )
+        }
+    }
+}
+
+/// The producer of a run, kept from the up-front messages to the paced ones.
+enum Producer {
+    Kafka(KafkaProducer),
+    Amqp(Box<AmqpPublisher>),
+}
+
+async fn prepare_and_spawn(
+    job: &Job,
+    env: &Env,
+    mut stream: Stream,
+    rate: f64,
+) -> anyhow::Result<Measured> {
+    let upfront = match job.phase {
+        Phase::Throughput => stream.len(),
+        Phase::Latency => job.warmup,
+    };
+    let producer = if job.case.kind.uses_kafka() {
+        kafka::create_topic(&env.brokers, &job.source, job.case.partitions).await?;
+        let producer = KafkaProducer::new(&env.brokers, &job.source)?;
+        let (producer, s) = tokio::task::spawn_blocking(move || {
+            producer
+                .send(&mut stream, 0..upfront, None)
+                .map(|()| (producer, stream))
+        })
+        .await??;
+        stream = s;
+        Producer::Kafka(producer)
+    } else {
+        amqp::declare(&env.amqp_url, &job.source).await?;
+        let publisher = AmqpPublisher::new(&env.amqp_url, &job.source).await?;
+        publisher.send(&mut stream, 0..upfront, None).await?;
+        Producer::Amqp(Box::new(publisher))
+    };
+    let paced = (job.phase == Phase::Latency).then_some((producer, stream, rate));
+    spawn(job, env, paced).await
+}
+
+/// Runs the child; on READY starts the paced producer (if any).
+async fn spawn(
+    job: &Job,
+    env: &Env,
+    mut paced: Option<(Producer, Stream, f64)>,
+) -> anyhow::Result<Measured> {
+    let log = std::fs::File::create(&job.log_path)?;
+    let decisions_logged =
+        job.phase == Phase::Latency && matches!(job.case.kind, Kind::Dedupq | Kind::DedupqAmqp);
+    let mut child = tokio::process::Command::new(&env.exe)
+        .args(["bench", "--case", &serde_json::to_string(job)?])
+        // Latency runs read dedupq's per-message decision events back.
+        .env(
+            "DEDUPQ_LOG",
+            if decisions_logged {
+                "warn,dedupq::engine::core=debug"
+            } else {
+                "warn"
+            },
+        )
+        .env("DEDUPQ__LOG__FORMAT", "json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the case process")?;
+    let mut lines = BufReader::new(child.stdout.take().context("child stdout")?).lines();
+    let mut producing = None;
+    let mut result = None;
+    let deadline = tokio::time::Instant::now() + CASE_LIMIT * 2;
+    while let Some(line) = tokio::time::timeout_at(deadline, lines.next_line())
+        .await
+        .context("case process timed out")??
+    {
+        if line == "READY" {
+            if let Some((producer, stream, rate)) = paced.take() {
+                producing = Some(pace(job.warmup, producer, stream, rate));
+            }
+        } else if let Some(json) = line.strip_prefix("RESULT ") {
+            result = Some(serde_json::from_str::<Measured>(json)?);
+        }
+    }
+    let status = child.wait().await?;
+    if let Some(p) = producing {
+        p.await.context("paced producer")??;
+    }
+    match result {
+        Some(m) if status.success() => Ok(m),
+        _ => anyhow::bail!(
+            "case process failed ({status}); {}:\n{}",
+            job.log_path.display(),
+            tail(&job.log_path)
+        ),
+    }
+}
+
+fn pace(
+    warmup: usize,
+    producer: Producer,
+    mut stream: Stream,
+    rate: f64,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let range = warmup..stream.len();
+    match producer {
+        Producer::Kafka(p) => {
+            tokio::task::spawn_blocking(move || p.send(&mut stream, range, Some(rate)))
+        }
+        Producer::Amqp(p) => tokio::spawn(async move {
+            let sent = p.send(&mut stream, range, Some(rate)).await;
+            p.close().await;
+            sent
+        }),
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+async fn drop_schema(database_url: &str, schema: &str) {
+    if let Ok(pool) = sqlx::PgPool::connect(database_url).await {
+        // Simple protocol: both statements in one go, without the notice
+        // about the dropped objects.
+        let sql = format!(
+            "SET client_min_messages = warning; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        );
+        let _ = sqlx::Executor::execute(&pool, sql.as_str()).await;
+        pool.close().await;
+    }
+}
+
+async fn prefilled(env: &Env) -> bool {
+    let Ok(pool) = sqlx::PgPool::connect(&env.database_url).await else {
+        return false;
+    };
+    let sql = format!(
+        "SELECT count(*) > 0 FROM (SELECT 1 FROM \"{STORED_KEYS_SCHEMA}\".dedupq_keys LIMIT 1) t"
+    );
+    let filled = sqlx::query_scalar::<_, bool>(&sql)
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(false);
+    pool.close().await;
+    filled
+}
+
+/// What was run, where, and with which settings.
+async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
+    let (e, k, a) = (&s.engine, &s.kafka, &s.amqp);
+    let pg = pg_settings(&env.database_url).await;
+    format!(
+        "dedupq bench{} — {} CPUs, {}\n\
+         PostgreSQL: {pg}\n\
+         dedupq settings: engine.max_batch={} engine.concurrency={} \
+         engine.lease={:?} store.max_connections={} kafka.batch_size={} kafka.batch_linger={:?} \
+         kafka.max_batches_in_flight={} kafka.max_buffered_per_partition={} \
+         kafka.commit_interval={COMMIT_INTERVAL:?} (bench; configured {:?}) amqp.prefetch={} \
+         amqp.batch_linger={:?} amqp.max_batches_in_flight={} amqp.queue_type={}\n\
+         handler: in-process, answers at once. Producer: acks=all, idempotent, linger.ms=1. \
+         Every consumer commits every {COMMIT_INTERVAL:?}.\n\
+         msg/s: pre-produced messages / (first message handled -> group committed to the end; RabbitMQ: last decision/ack).\n\
+         latency: paced run at half the row's msg/s; producer send() -> outcome durable \
+         (dedupq: its 'message decided' event, written after the result is stored; naive: after \
+         the completion UPDATE; raw: received / acked). (d): one batch's claim+finish.",
+        if args.quick { " --quick" } else { "" },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        env.database_url.split('@').next_back().unwrap_or_default(),
+        e.max_batch,
+        e.concurrency,
+        e.lease,
+        s.store.max_connections,
+        k.batch_size,
+        k.batch_linger,
+        k.max_batches_in_flight,
+        k.max_buffered_per_partition,
+        k.commit_interval,
+        a.prefetch,
+        a.batch_linger,
+        a.max_batches_in_flight,
+        a.queue_type.as_str(),
+    )
+}
+
+async fn pg_settings(database_url: &str) -> String {
+    let Ok(pool) = sqlx::PgPool::connect(database_url).await else {
+        return "unreachable".into();
+    };
+    let mut out = Vec::new();
+    for name in [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "shared_buffers",
+    ] {
+        let sql = format!("SHOW {name}");
+        if let Ok(v) = sqlx::query_scalar::<_, String>(&sql).fetch_one(&pool).await {
+            out.push(format!("{name}={v}"));
+        }
+    }
+    pool.close().await;
+    out.join(" ")
+}
