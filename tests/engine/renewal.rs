@@ -17,10 +17,14 @@ async fn a_handler_three_times_slower_than_the_lease_keeps_its_claim() {
         async move { owner.process(&[msg]).await.unwrap() }
     });
 
-    let parsed = dedupq::engine::Parser::new(&Default::default()).parse(&msg).unwrap();
-    support::eventually(Duration::from_secs(10), "the slow worker's claim", || async {
-        store.show_key(&parsed.identity).await.unwrap().map(|_| ())
-    })
+    let parsed = dedupq::engine::Parser::new(&Default::default())
+        .parse(&msg)
+        .unwrap();
+    support::eventually(
+        Duration::from_secs(10),
+        "the slow worker's claim",
+        || async { store.show_key(&parsed.identity).await.unwrap().map(|_| ()) },
+    )
     .await;
 
     // Another worker keeps trying while the slow handler runs.
