@@ -26,32 +26,20 @@ pub fn peak_rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// CPU seconds (user + system) this process used, and the bytes it read
-/// and wrote through syscalls (sockets included): where a case's work went.
+/// CPU seconds (user + system) this process used: a case that is slow
+/// with little CPU is waiting (on PostgreSQL or the broker), not working.
 pub fn usage() -> String {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are the
     // 12th and 13th of them, in clock ticks (100 per second on Linux).
     let after = stat.rsplit(')').next().unwrap_or_default();
-    let ticks: Vec<u64> = after
+    let ticks: u64 = after
         .split_whitespace()
         .skip(11)
         .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
-    let field = |name: &str| {
-        io.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    format!(
-        "process CPU {:.1} s; read {:.0} MB, wrote {:.0} MB (syscalls, sockets included)",
-        ticks.iter().sum::<u64>() as f64 / 100.0,
-        field("rchar:") as f64 / 1e6,
-        field("wchar:") as f64 / 1e6
-    )
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    format!("process CPU {:.1} s", ticks as f64 / 100.0)
 }
 
 /// Wall-clock microseconds since the epoch: comparable between the
