@@ -10,9 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the store is pinged for /readyz.
 const PING_EVERY: Duration = Duration::from_secs(1);
-/// How often rows are counted by status (a scan of the finished-keys index:
-/// not free on a large table, so not too often).
-const COUNT_EVERY: Duration = Duration::from_secs(15);
+/// How often open keys (in_progress, unknown) are counted: cheap.
+const COUNT_OPEN_EVERY: Duration = Duration::from_secs(15);
+/// How often finished keys are counted: a scan of most of the table, which
+/// on tens of millions of rows costs seconds of a core.
+const COUNT_FINISHED_EVERY: Duration = Duration::from_secs(600);
 
 pub async fn run(
     store: Store,
@@ -22,7 +24,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut ping = tokio::time::interval(PING_EVERY);
-    let mut count = tokio::time::interval(COUNT_EVERY);
+    let mut count_open = tokio::time::interval(COUNT_OPEN_EVERY);
+    let mut count_finished = tokio::time::interval(COUNT_FINISHED_EVERY);
     let mut purge = tokio::time::interval(retention.purge_every);
     loop {
         tokio::select! {
@@ -31,7 +34,8 @@ pub async fn run(
                 let up = store.ping().await.is_ok();
                 health.set(Component::Store, up);
             }
-            _ = count.tick() => count_keys(&store, &metrics).await,
+            _ = count_open.tick() => record_counts(store.count_open().await, &metrics),
+            _ = count_finished.tick() => record_counts(store.count_finished().await, &metrics),
             _ = purge.tick() => {
                 match store.purge(retention.keep, retention.purge_batch).await {
                     Ok(0) => {}
@@ -49,8 +53,11 @@ pub async fn run(
     }
 }
 
-async fn count_keys(store: &Store, metrics: &Metrics) {
-    match store.count_by_status().await {
+fn record_counts(
+    counts: Result<Vec<(crate::store::KeyStatus, i64)>, crate::store::StoreError>,
+    metrics: &Metrics,
+) {
+    match counts {
         Ok(counts) => {
             for (status, n) in counts {
                 metrics.keys.with_label_values(&[status.as_str()]).set(n);

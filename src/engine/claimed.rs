@@ -75,8 +75,21 @@ impl Engine {
                 _ = &mut renewal => continue,
             };
             let mut ready = vec![first];
-            while let Some(Some(done)) = running.next().now_or_never() {
-                ready.push(done);
+            // Store together whatever finished together. Tokio's and the
+            // set's own fairness budgets end a drain early, so drain again
+            // after one yield; stop as soon as nothing more is ready.
+            loop {
+                while let Some(Some(done)) = running.next().now_or_never() {
+                    ready.push(done);
+                }
+                if running.is_empty() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+                match running.next().now_or_never() {
+                    Some(Some(done)) => ready.push(done),
+                    _ => break,
+                }
             }
             let writes: Vec<FinishWrite> = ready
                 .iter()

@@ -142,12 +142,35 @@ impl Store {
         Ok(Some(before))
     }
 
-    /// Row counts per status, for the `dedupq_keys{status}` gauge.
-    pub async fn count_by_status(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        let rows = sqlx::query("SELECT status, count(*) AS n FROM dedupq_keys GROUP BY status")
-            .fetch_all(self.pool())
-            .await?;
-        let mut counts: Vec<(KeyStatus, i64)> = KeyStatus::ALL.iter().map(|s| (*s, 0)).collect();
+    /// Row counts of the open statuses (in_progress, unknown), read
+    /// through their partial index: cheap however large the table is.
+    pub async fn count_open(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+        self.count_where(
+            "SELECT status, count(*) AS n FROM dedupq_keys \
+             WHERE status IN ('in_progress', 'unknown') GROUP BY status",
+            &[KeyStatus::InProgress, KeyStatus::Unknown],
+        )
+        .await
+    }
+
+    /// Row counts of the finished statuses (done, failed): a scan of most
+    /// of the table, so call it rarely.
+    pub async fn count_finished(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+        self.count_where(
+            "SELECT status, count(*) AS n FROM dedupq_keys \
+             WHERE status IN ('done', 'failed') GROUP BY status",
+            &[KeyStatus::Done, KeyStatus::Failed],
+        )
+        .await
+    }
+
+    async fn count_where(
+        &self,
+        sql: &'static str,
+        statuses: &[KeyStatus],
+    ) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+        let rows = sqlx::query(sql).fetch_all(self.pool()).await?;
+        let mut counts: Vec<(KeyStatus, i64)> = statuses.iter().map(|s| (*s, 0)).collect();
         for row in rows {
             let status = KeyStatus::parse(row.try_get("status")?)?;
             let n: i64 = row.try_get("n")?;

@@ -20,8 +20,6 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
     let addr = app.local_addr();
     let engine = app.engine().clone();
     let stop = app.shutdown_token();
-    let running = tokio::spawn(app.run_until_stopped());
-
     let batch = [
         support::message("acme", "m1", r#"{"amount": 1}"#),
         support::message("acme", "m2", r#"{"amount": 2}"#),
@@ -30,6 +28,8 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
         support::message("acme", "m3", "not json"),
     ];
     engine.process(&batch).await.unwrap();
+    // Served from here on; the key gauges are sampled when upkeep starts.
+    let running = tokio::spawn(app.run_until_stopped());
 
     let text = reqwest::get(format!("http://{addr}/metrics"))
         .await

@@ -28,7 +28,9 @@ pub struct KafkaSettings {
     /// at most one batch at a time, which keeps its order.
     pub max_batches_in_flight: usize,
     /// Messages held per partition (queued or in a batch) before fetching
-    /// from that partition is paused.
+    /// from that partition is paused. Pausing makes librdkafka drop what it
+    /// prefetched for the partition and fetch it again on resume, so this
+    /// is a backstop for a stalled store, not a steady-state throttle.
     pub max_buffered_per_partition: usize,
     /// How often the contiguous prefix of durable outcomes is committed.
     #[serde(with = "humantime_serde")]
@@ -66,7 +68,7 @@ impl Default for KafkaSettings {
             batch_size: 500,
             batch_linger: Duration::from_millis(5),
             max_batches_in_flight: 4,
-            max_buffered_per_partition: 2000,
+            max_buffered_per_partition: 20000,
             commit_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(15),
             auto_offset_reset: "earliest".into(),
