@@ -15,6 +15,12 @@ const EPOCH_FENCE: &str = "";
 
 /// One statement for a batch of finishes of any kind. `in_progress` with a
 /// lease ending now is a release: the next delivery takes over at once.
+///
+/// "Still open" is spelled `completed_at IS NULL` (equivalent by the
+/// table's CHECK) rather than by status: a status filter matches the
+/// partial index of open keys, which the planner then scans whole — with
+/// every dead entry a busy table leaves there — instead of looking each
+/// key up by primary key.
 fn finish_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
@@ -31,7 +37,7 @@ UPDATE dedupq_keys AS k SET
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int4[], $6::text[], $7::text[])
     WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body, error, ord)
 WHERE k.tenant = u.tenant AND k.key = u.key
-  AND k.status IN ('in_progress', 'unknown')
+  AND k.completed_at IS NULL
   {EPOCH_FENCE}
 RETURNING u.ord
 "#

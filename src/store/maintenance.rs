@@ -5,6 +5,9 @@ use crate::identity::{Epoch, Identity};
 use sqlx::Row;
 use std::time::Duration;
 
+/// `completed_at IS NULL AND status <> 'unknown'` means in_progress (by the
+/// table's CHECK), spelled so that the planner looks keys up by primary key
+/// rather than scanning the partial index of open keys (see finish.rs).
 const RENEW_SQL: &str = r#"
 UPDATE dedupq_keys AS k SET
     lease_until = now() + make_interval(secs => $4),
@@ -12,7 +15,7 @@ UPDATE dedupq_keys AS k SET
 FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS u(tenant, key, epoch, ord)
 WHERE k.tenant = u.tenant AND k.key = u.key
   AND k.epoch = u.epoch
-  AND k.status = 'in_progress'
+  AND k.completed_at IS NULL AND k.status <> 'unknown'
 RETURNING u.ord
 "#;
 

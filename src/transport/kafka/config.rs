@@ -68,7 +68,7 @@ impl Default for KafkaSettings {
             batch_size: 500,
             batch_linger: Duration::from_millis(5),
             max_batches_in_flight: 4,
-            max_buffered_per_partition: 20000,
+            max_buffered_per_partition: 10000,
             commit_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(15),
             auto_offset_reset: "earliest".into(),
