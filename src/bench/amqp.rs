@@ -122,6 +122,19 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
         }
     }
     let end = Instant::now();
+    // The producer publishes at least once (it re-sends what was not
+    // confirmed), so a few copies may follow: ack them too, so the queue
+    // ends empty, and say how many there were.
+    let mut extra = 0;
+    while let Ok(Some(Ok(delivery))) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), consumer.next()).await
+    {
+        delivery
+            .acker
+            .ack(BasicAckOptions { multiple: false })
+            .await?;
+        extra += 1;
+    }
     // Closing the channel first flushes the last acks.
     let _ = ch.close(200, "done".into()).await;
     let _ = c.close(200, "done".into()).await;
@@ -130,6 +143,9 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
         seconds: (end - first.unwrap_or(end)).as_secs_f64(),
         latency: percentiles(samples),
         peak_rss_kb: peak_rss_kb(),
-        notes: vec![usage()],
+        notes: vec![
+            usage(),
+            format!("{extra} extra copies after the last expected message"),
+        ],
     })
 }
