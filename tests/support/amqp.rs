@@ -198,28 +198,32 @@ impl Client {
     }
 
     /// Publishes to the default exchange (i.e. straight into `queue`) and
-    /// waits for the broker's confirm.
+    /// waits for the broker's confirm; like a careful producer, it sends
+    /// again what the broker did not confirm (a loaded broker may nack).
     pub async fn publish(&self, queue: &str, msg: &Msg) {
-        let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &msg.body,
-                msg.properties(),
-            )
-            .await
-            .expect("publish")
-            .await
-            .expect("publisher confirm");
-        assert!(
-            confirm.is_ack() && confirm.take_message().is_none(),
-            "published into {queue}"
-        );
+        for attempt in 1..=5 {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &msg.body,
+                    msg.properties(),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("publisher confirm");
+            if confirm.is_ack() && confirm.take_message().is_none() {
+                return;
+            }
+            assert!(attempt < 5, "published into {queue}: not confirmed 5 times");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     /// Takes (and acks) every message now in `queue`.
