@@ -95,8 +95,8 @@ async fn run_scenario(
     })?;
     let options = dedupq::scenario::Options {
         database_url: settings.store.url.expose().to_string(),
-        brokers: args.brokers,
-        amqp_url: args.amqp_url,
+        brokers: args.brokers.brokers,
+        amqp_url: args.brokers.amqp_url,
         services: args.services,
         workdir: args.workdir,
         progress: true,

@@ -8,14 +8,8 @@ pub struct BenchArgs {
     /// Only the cases whose label contains this text (e.g. "naive", "amqp").
     #[arg(long)]
     pub only: Option<String>,
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    pub amqp_url: String,
+    #[command(flatten)]
+    pub brokers: crate::cli::BrokerArgs,
     /// Logs of the case processes.
     #[arg(long, default_value = "/var/tmp/dedupq-bench")]
     pub workdir: PathBuf,

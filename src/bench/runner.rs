@@ -33,8 +33,8 @@ impl Env {
     pub fn new(args: &BenchArgs, settings: &Settings) -> anyhow::Result<Self> {
         Ok(Self {
             database_url: settings.store.url.expose().to_string(),
-            brokers: args.brokers.clone(),
-            amqp_url: args.amqp_url.clone(),
+            brokers: args.brokers.brokers.clone(),
+            amqp_url: args.brokers.amqp_url.clone(),
             workdir: args.workdir.clone(),
             exe: std::env::current_exe().context("locating the dedupq binary")?,
         })

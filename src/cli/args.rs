@@ -103,6 +103,19 @@ pub struct ScenarioArgs {
     /// demo, ci, long, or broken (short, for builds with a guarantee switched off).
     #[arg(long)]
     pub profile: Option<String>,
+    #[command(flatten)]
+    pub brokers: BrokerArgs,
+    /// The script that restarts PostgreSQL and Kafka during chaos runs.
+    #[arg(long, default_value = "scripts/services")]
+    pub services: PathBuf,
+    /// Logs of the processes of the run.
+    #[arg(long, default_value = "/var/tmp/dedupq-scenarios")]
+    pub workdir: PathBuf,
+}
+
+/// Where the brokers are, for commands that publish and consume themselves.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BrokerArgs {
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
     #[arg(
@@ -111,10 +124,4 @@ pub struct ScenarioArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
-    /// The script that restarts PostgreSQL and Kafka during chaos runs.
-    #[arg(long, default_value = "scripts/services")]
-    pub services: PathBuf,
-    /// Logs of the processes of the run.
-    #[arg(long, default_value = "/var/tmp/dedupq-scenarios")]
-    pub workdir: PathBuf,
 }

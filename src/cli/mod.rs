@@ -3,5 +3,5 @@
 mod args;
 mod keys;
 
-pub use args::{Cli, Command, KeysCommand, ProviderArgs, ScenarioArgs};
+pub use args::{BrokerArgs, Cli, Command, KeysCommand, ProviderArgs, ScenarioArgs};
 pub use keys::run_keys;
