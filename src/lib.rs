@@ -6,13 +6,13 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
-mod config_check;
 pub mod engine;
 pub mod fingerprint;
 pub mod handler;
 pub mod health;
 pub mod identity;
 mod maintenance;
+pub mod message;
 pub mod metrics;
 pub mod provider;
 pub mod scenario;

@@ -1,66 +1,11 @@
-//! A delivery as the engine sees it, and turning it into an identity, a
-//! fingerprint and a JSON body (or a reason it is invalid).
+//! Turning a delivery into an identity, a fingerprint and a JSON body (or
+//! a reason it is invalid).
 
 use crate::config::{IdentitySettings, TenantSource};
 use crate::fingerprint::{Fingerprint, FingerprintSpec};
 use crate::identity::{IdempotencyKey, Identity, IdentityError, Tenant};
-use chrono::{DateTime, Utc};
+pub use crate::message::{Incoming, Source};
 use serde_json::Value;
-use std::fmt;
-
-/// Where a delivery came from; carried into logs and dead letters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    Kafka {
-        topic: String,
-        partition: i32,
-        offset: i64,
-    },
-    Amqp {
-        queue: String,
-        delivery_tag: u64,
-    },
-    /// Messages fed to the engine directly (library use, tests).
-    Direct {
-        id: u64,
-    },
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Source::Kafka {
-                topic,
-                partition,
-                offset,
-            } => write!(f, "kafka:{topic}/{partition}@{offset}"),
-            Source::Amqp {
-                queue,
-                delivery_tag,
-            } => write!(f, "amqp:{queue}#{delivery_tag}"),
-            Source::Direct { id } => write!(f, "direct:{id}"),
-        }
-    }
-}
-
-/// One delivery: headers (names compared ASCII-case-insensitively), the raw
-/// payload and its coordinates.
-#[derive(Debug, Clone)]
-pub struct Incoming {
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-    pub source: Source,
-    pub received_at: DateTime<Utc>,
-}
-
-impl Incoming {
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-}
 
 /// Why a message cannot be processed at all. It is dead-lettered and never
 /// claims a key.

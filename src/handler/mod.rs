@@ -2,8 +2,8 @@
 //! is the same on every attempt; a handler that calls a provider must send
 //! it as the provider's idempotency key.
 
-use crate::engine::Source;
 use crate::identity::{Epoch, Identity};
+use crate::message::Source;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;

@@ -2,11 +2,11 @@
 //! needs (reply, dead letter, delay queue) is confirmed before that
 //! delivery is acked. Nothing else is ever acked.
 
-use super::config::AmqpSettings;
 use super::delivery::Meta;
 use super::error::AmqpError;
 use super::headers::{self as h, int, text};
 use super::publish::{Need, Outgoing, Publisher};
+use crate::config::AmqpSettings;
 use crate::engine::{Action, Decision, Incoming};
 use crate::metrics::Metrics;
 use crate::store::StoredResult;

@@ -3,8 +3,8 @@
 //! builds new ones, so a delivery from an old channel can never be mistaken
 //! for a live one (its ack returns `Ok(false)`, which we treat as not done).
 
-use super::config::AmqpSettings;
 use super::error::AmqpError;
+use crate::config::AmqpSettings;
 use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties};
 

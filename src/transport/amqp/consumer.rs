@@ -4,10 +4,10 @@
 
 use super::apply::Applier;
 use super::batch::{next_batch, Next};
-use super::config::AmqpSettings;
 use super::delivery::receive;
 use super::error::AmqpError;
 use super::publish::Publisher;
+use crate::config::AmqpSettings;
 use crate::engine::{Decision, Engine, Incoming};
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};

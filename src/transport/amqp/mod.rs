@@ -4,7 +4,7 @@
 
 mod apply;
 mod batch;
-mod config;
+
 mod connection;
 mod consumer;
 mod delivery;
@@ -14,7 +14,7 @@ mod publish;
 mod runner;
 mod topology;
 
+pub use crate::config::{AmqpSettings, QueueType, Topology};
 pub use apply::RETRY_LIMIT;
-pub use config::{AmqpSettings, QueueType, Topology};
 pub use error::AmqpError;
 pub use runner::run;

@@ -3,11 +3,11 @@
 //! Unacked deliveries of a dead session come back from the broker (as
 //! `redelivered`, though nothing relies on that flag) and are claimed again.
 
-use super::config::AmqpSettings;
 use super::connection::connect;
 use super::consumer::Worker;
 use super::error::AmqpError;
 use super::topology;
+use crate::config::AmqpSettings;
 use crate::engine::{Backoff, Engine};
 use crate::health::{Component, Health};
 use futures::StreamExt;

@@ -1,8 +1,8 @@
 //! The RabbitMQ objects dedupq relies on: per work queue a delay queue that
 //! dead-letters back to it, and one dead-letter exchange with its queue.
 
-use super::config::{AmqpSettings, QueueType, Topology};
 use super::error::AmqpError;
+use crate::config::{AmqpSettings, QueueType, Topology};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Connection, ExchangeKind};

@@ -1,8 +1,8 @@
 //! librdkafka settings of the consumer and of the producer (dead letters,
 //! replies). Every setting the guarantees depend on is spelled out here.
 
-use super::config::KafkaSettings;
 use super::error::KafkaError;
+use crate::config::KafkaSettings;
 use rdkafka::ClientConfig;
 
 /// Passthrough keys that would break "commit only after the outcome is

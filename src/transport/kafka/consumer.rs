@@ -3,12 +3,12 @@
 //! head of their partition, commit the durable prefix on a timer.
 
 use super::batch::{self, BatchDone, Shared};
-use super::config::KafkaSettings;
 use super::context::{commit, Context};
 use super::error::KafkaError;
 use super::lanes::Lanes;
 use super::ledger::{Ledger, Tp};
 use super::message::Held;
+use crate::config::KafkaSettings;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::TopicPartitionList;

@@ -4,7 +4,7 @@
 
 mod batch;
 mod client;
-mod config;
+
 mod consumer;
 mod context;
 mod dead_letter;
@@ -16,7 +16,7 @@ mod offsets;
 mod outbox;
 mod reply;
 
-pub use config::KafkaSettings;
+pub use crate::config::KafkaSettings;
 pub use dead_letter::header as dead_letter_header;
 pub use error::{KafkaError, ProduceError};
 pub use reply::header as reply_header;

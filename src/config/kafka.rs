@@ -1,3 +1,5 @@
+//! Kafka settings (`[kafka]`).
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;

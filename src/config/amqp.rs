@@ -1,3 +1,5 @@
+//! RabbitMQ settings (`[amqp]`) and their start-up checks.
+
 use crate::config::{ConfigError, SecretUrl};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

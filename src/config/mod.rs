@@ -2,9 +2,14 @@
 //! environment variables (`DEDUPQ__SECTION__FIELD`). Validated at start-up;
 //! a bad value stops the process with the setting's name and the fix.
 
+pub mod amqp;
+mod check;
+pub mod kafka;
+
+pub use amqp::{AmqpSettings, QueueType, Topology};
+pub use kafka::KafkaSettings;
+
 use crate::fingerprint::FingerprintSpec;
-use crate::transport::amqp::AmqpSettings;
-use crate::transport::kafka::KafkaSettings;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -316,6 +321,6 @@ impl Settings {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        crate::config_check::validate(self)
+        check::validate(self)
     }
 }
