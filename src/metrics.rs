@@ -37,6 +37,13 @@ pub struct Inner {
     /// transport: 1 when connected
     pub broker_up: IntGaugeVec,
     pub end_to_end: HistogramVec,
+    /// transport: partitions or queues with waiting messages and no progress
+    pub stalled_lanes: IntGaugeVec,
+    /// transport: replies that could not be delivered (the outcome stays stored)
+    pub replies_failed: IntCounterVec,
+    /// reason: handler answers that point at dedupq's configuration, not at
+    /// the payment (unauthorized, forbidden, not_found, method_not_allowed, redirect)
+    pub handler_faults: IntCounterVec,
 }
 
 impl std::ops::Deref for Metrics {
@@ -153,6 +160,27 @@ impl Metrics {
                 )
                 .buckets(seconds_buckets()),
                 &["transport"]
+            )),
+            stalled_lanes: register!(IntGaugeVec::new(
+                Opts::new(
+                    "dedupq_stalled_lanes",
+                    "Partitions or queues with waiting messages that made no progress lately"
+                ),
+                &["transport"]
+            )),
+            replies_failed: register!(IntCounterVec::new(
+                Opts::new(
+                    "dedupq_replies_failed_total",
+                    "Replies that could not be delivered; the outcome stays stored"
+                ),
+                &["transport"]
+            )),
+            handler_faults: register!(IntCounterVec::new(
+                Opts::new(
+                    "dedupq_handler_faults_total",
+                    "Handler answers caused by configuration (401, 403, 404, 405, redirects), retried"
+                ),
+                &["reason"]
             )),
             registry,
             names,
