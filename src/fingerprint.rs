@@ -1,21 +1,30 @@
 //! What makes two messages with the same key "the same operation": a SHA-256
 //! over the canonical JSON of the fields that define it.
 //!
-//! Canonical JSON: object keys sorted by their UTF-8 bytes, no insignificant
-//! whitespace, strings and numbers as serde_json writes them. Numbers are
-//! compared as written (`10` and `10.0` differ): the producer's encoder is
-//! expected to be stable, and guessing numeric equality is riskier.
+//! Version 2 and later (the default): the canonical form of [`crate::json`]
+//! — members sorted by name, no whitespace, numbers by exact decimal value
+//! (`10`, `10.0` and `1e1` are one amount; `10.000000000000001` is another;
+//! no number goes through a float). Version 1, the form of earlier releases:
+//! numbers as serde_json wrote them after reading them through `f64`
+//! (`10` and `10.0` differed, large amounts could collide). Rows stored
+//! under version 1 are still compared under version 1: every message also
+//! carries its version-1 digest while the configured version is newer.
 
+use crate::json::{pointer_tokens, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
+/// The canonical form of earlier releases.
+pub const LEGACY_VERSION: i16 = 1;
+
 /// Which fields of the body take part in the fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FingerprintSpec {
     /// Bumped whenever `include`/`exclude` change, so rows stored under the
-    /// old definition are not reported as conflicts.
+    /// old definition are not reported as conflicts. 1 selects the legacy
+    /// canonical form; 2 and later the exact one.
     pub version: i16,
     /// JSON pointers that define the operation (e.g. `/amount`). Empty: the
     /// whole body, minus `exclude`.
@@ -29,7 +38,7 @@ pub struct FingerprintSpec {
 impl Default for FingerprintSpec {
     fn default() -> Self {
         Self {
-            version: 1,
+            version: 2,
             include: Vec::new(),
             exclude: vec!["/sent_at".into(), "/attempt".into()],
         }
@@ -40,23 +49,41 @@ impl Default for FingerprintSpec {
 pub struct Fingerprint {
     pub version: i16,
     pub digest: [u8; 32],
+    /// The version-1 digest of the same message, to compare with rows
+    /// stored under version 1 (None when `version` is 1 itself, or when the
+    /// body cannot be read the legacy way, e.g. a number beyond `f64`).
+    pub legacy: Option<[u8; 32]>,
 }
 
 impl Fingerprint {
     pub fn hex(&self) -> String {
         hex(&self.digest)
     }
+
+    /// The digest to compare with a row stored under `version`; None when
+    /// that row cannot be compared (another field set: the key decides).
+    pub fn digest_for(&self, version: i16) -> Option<&[u8; 32]> {
+        if version == self.version {
+            Some(&self.digest)
+        } else if version == LEGACY_VERSION {
+            self.legacy.as_ref()
+        } else {
+            None
+        }
+    }
 }
 
-impl fmt::Debug for Fingerprint {
+/// `v<version>:<hex digest>`: the one text form, in dead letters, replies
+/// and logs on every transport.
+impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "v{}:{}", self.version, self.hex())
     }
 }
 
-impl fmt::Display for Fingerprint {
+impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -83,10 +110,54 @@ impl FingerprintSpec {
         if !self.include.is_empty() && !self.exclude.is_empty() {
             return Err("set either include or exclude, not both".into());
         }
+        if self.version < 1 {
+            return Err(format!("version {} must be at least 1", self.version));
+        }
         Ok(())
     }
 
-    pub fn fingerprint(&self, body: &Value) -> Fingerprint {
+    /// The fingerprint of a body already read by [`crate::json::parse`];
+    /// `raw` is the same body as received (for the legacy digest).
+    pub fn fingerprint(&self, body: &Json, raw: &[u8]) -> Fingerprint {
+        let legacy_of = || {
+            serde_json::from_slice::<Value>(raw)
+                .ok()
+                .map(|v| self.legacy_digest(&v))
+        };
+        if self.version == LEGACY_VERSION {
+            return Fingerprint {
+                version: self.version,
+                digest: legacy_of().unwrap_or_else(|| self.exact_digest(body)),
+                legacy: None,
+            };
+        }
+        Fingerprint {
+            version: self.version,
+            digest: self.exact_digest(body),
+            legacy: legacy_of(),
+        }
+    }
+
+    fn exact_digest(&self, body: &Json) -> [u8; 32] {
+        let mut canonical = Vec::with_capacity(256);
+        if self.include.is_empty() {
+            let skip: Vec<Vec<String>> = self.exclude.iter().map(|p| pointer_tokens(p)).collect();
+            body.write_canonical(&skip, &mut canonical);
+        } else {
+            // Missing fields count as null, so an absent and an explicit
+            // null field mean the same operation.
+            let picked = Json::Object(
+                self.include
+                    .iter()
+                    .map(|p| (p.clone(), body.pointer(p).cloned().unwrap_or(Json::Null)))
+                    .collect(),
+            );
+            picked.write_canonical(&[], &mut canonical);
+        }
+        Sha256::digest(&canonical).into()
+    }
+
+    fn legacy_digest(&self, body: &Value) -> [u8; 32] {
         let mut canonical = String::new();
         if self.include.is_empty() {
             let mut body = body.clone();
@@ -95,8 +166,6 @@ impl FingerprintSpec {
             }
             write_canonical(&body, &mut canonical);
         } else {
-            // Missing fields count as null, so an absent and an explicit
-            // null field mean the same operation.
             let picked: serde_json::Map<String, Value> = self
                 .include
                 .iter()
@@ -104,10 +173,7 @@ impl FingerprintSpec {
                 .collect();
             write_canonical(&Value::Object(picked), &mut canonical);
         }
-        Fingerprint {
-            version: self.version,
-            digest: Sha256::digest(canonical.as_bytes()).into(),
-        }
+        Sha256::digest(canonical.as_bytes()).into()
     }
 }
 
@@ -136,7 +202,7 @@ fn remove_pointer(body: &mut Value, pointer: &str) {
     }
 }
 
-/// Writes `value` as canonical JSON.
+/// Writes `value` in the legacy (version 1) canonical form.
 pub fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Object(map) => {
@@ -170,47 +236,101 @@ pub fn write_canonical(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    fn fp(spec: &FingerprintSpec, text: &str) -> Fingerprint {
+        let body = crate::json::parse(text.as_bytes()).unwrap();
+        spec.fingerprint(&body, text.as_bytes())
+    }
 
     #[test]
     fn reordered_keys_and_whitespace_give_the_same_fingerprint() {
         let spec = FingerprintSpec::default();
-        let a: Value = serde_json::from_str(r#"{"amount":10,"meta":{"b":1,"a":2}}"#).unwrap();
-        let b: Value =
-            serde_json::from_str("{ \"meta\" : {\"a\":2, \"b\":1},\n \"amount\": 10 }").unwrap();
-        assert_eq!(spec.fingerprint(&a), spec.fingerprint(&b));
+        let a = fp(&spec, r#"{"amount":10,"meta":{"b":1,"a":2}}"#);
+        let b = fp(&spec, "{ \"meta\" : {\"a\":2, \"b\":1},\n \"amount\": 10 }");
+        assert_eq!(a, b);
     }
 
     #[test]
     fn excluded_fields_do_not_change_the_fingerprint_but_others_do() {
         let spec = FingerprintSpec::default();
-        let a = json!({"amount": 10, "sent_at": "2026-01-01T00:00:00Z"});
-        let b = json!({"amount": 10, "sent_at": "2026-01-02T00:00:00Z"});
-        let c = json!({"amount": 11, "sent_at": "2026-01-01T00:00:00Z"});
-        assert_eq!(spec.fingerprint(&a), spec.fingerprint(&b));
-        assert_ne!(spec.fingerprint(&a), spec.fingerprint(&c));
+        let a = fp(
+            &spec,
+            r#"{"amount": 10, "sent_at": "2026-01-01T00:00:00Z"}"#,
+        );
+        let b = fp(
+            &spec,
+            r#"{"amount": 10, "sent_at": "2026-01-02T00:00:00Z"}"#,
+        );
+        let c = fp(
+            &spec,
+            r#"{"amount": 11, "sent_at": "2026-01-01T00:00:00Z"}"#,
+        );
+        assert_eq!(a, b);
+        assert_ne!(a.digest, c.digest);
     }
 
     #[test]
     fn included_fields_alone_define_the_operation() {
         let spec = FingerprintSpec {
-            version: 2,
+            version: 3,
             include: vec!["/amount".into(), "/currency".into()],
             exclude: vec![],
         };
-        let a = json!({"amount": 10, "currency": "EUR", "note": "x"});
-        let b = json!({"amount": 10, "currency": "EUR", "note": "y"});
-        let c = json!({"amount": 10, "currency": "USD", "note": "x"});
-        assert_eq!(spec.fingerprint(&a), spec.fingerprint(&b));
-        assert_ne!(spec.fingerprint(&a), spec.fingerprint(&c));
-        assert_eq!(spec.fingerprint(&a).version, 2);
+        let a = fp(&spec, r#"{"amount": 10, "currency": "EUR", "note": "x"}"#);
+        let b = fp(&spec, r#"{"amount": 10.0, "currency": "EUR", "note": "y"}"#);
+        let c = fp(&spec, r#"{"amount": 10, "currency": "USD", "note": "x"}"#);
+        assert_eq!(a.digest, b.digest);
+        assert_ne!(a.digest, c.digest);
+        assert_eq!(a.version, 3);
     }
 
     #[test]
-    fn canonical_json_sorts_keys_and_drops_whitespace() {
+    fn version_two_compares_amounts_by_exact_value_where_version_one_did_not() {
+        let v2 = FingerprintSpec::default();
+        let v1 = FingerprintSpec {
+            version: 1,
+            ..FingerprintSpec::default()
+        };
+        // A JS producer and a Jackson one writing the same amount.
+        assert_eq!(
+            fp(&v2, r#"{"amount":10}"#).digest,
+            fp(&v2, r#"{"amount":10.0}"#).digest
+        );
+        assert_ne!(
+            fp(&v1, r#"{"amount":10}"#).digest,
+            fp(&v1, r#"{"amount":10.0}"#).digest
+        );
+        // Two different large amounts that collide through f64.
+        let (a, b) = (
+            r#"{"amount":9007199254740993.5}"#,
+            r#"{"amount":9007199254740993.25}"#,
+        );
+        assert_ne!(fp(&v2, a).digest, fp(&v2, b).digest);
+        assert_eq!(fp(&v1, a).digest, fp(&v1, b).digest);
+    }
+
+    #[test]
+    fn a_version_two_fingerprint_carries_the_version_one_digest_for_old_rows() {
+        let v2 = FingerprintSpec::default();
+        let v1 = FingerprintSpec {
+            version: 1,
+            ..FingerprintSpec::default()
+        };
+        let text = r#"{"amount":10.5,"sent_at":"x"}"#;
+        let new = fp(&v2, text);
+        let old = fp(&v1, text);
+        assert_eq!(new.digest_for(1), Some(&old.digest));
+        assert_eq!(new.digest_for(2), Some(&new.digest));
+        assert_eq!(new.digest_for(7), None);
+        assert_eq!(old.digest_for(1), Some(&old.digest));
+        assert_eq!(new.to_string(), format!("v2:{}", new.hex()));
+    }
+
+    #[test]
+    fn legacy_canonical_json_sorts_keys_and_drops_whitespace() {
         let mut out = String::new();
         write_canonical(
-            &json!({"b": [1, {"d": null, "c": "é"}], "a": true}),
+            &serde_json::json!({"b": [1, {"d": null, "c": "é"}], "a": true}),
             &mut out,
         );
         assert_eq!(out, r#"{"a":true,"b":[1,{"c":"é","d":null}]}"#);

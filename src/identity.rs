@@ -134,6 +134,45 @@ impl Identity {
     }
 }
 
+/// How the key sent to the provider is derived from `(tenant, key)`.
+/// Stored with the key at its first claim, so a change of format never
+/// changes the key of a payment already under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DerivedKeyFormat {
+    /// `tenant:key`, up to 384 characters.
+    Plain,
+    /// The first `n` hex digits (32..=64) of SHA-256 over `tenant:key`: no
+    /// `:`, and short enough for providers that limit key length (Stripe:
+    /// 255).
+    Sha256(usize),
+}
+
+impl DerivedKeyFormat {
+    /// Reads `tenant:key` or `sha256:<n>` (the configuration's spelling).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "tenant:key" => Some(Self::Plain),
+            _ => {
+                let n: usize = text.strip_prefix("sha256:")?.parse().ok()?;
+                (32..=64).contains(&n).then_some(Self::Sha256(n))
+            }
+        }
+    }
+
+    pub fn derive(self, id: &Identity) -> String {
+        match self {
+            Self::Plain => id.derived_key(),
+            Self::Sha256(n) => {
+                use sha2::{Digest, Sha256};
+                let digest = Sha256::digest(id.derived_key().as_bytes());
+                let mut hex = crate::fingerprint::hex(&digest);
+                hex.truncate(n);
+                hex
+            }
+        }
+    }
+}
+
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.tenant, self.key)
@@ -180,5 +219,25 @@ mod tests {
             key: IdempotencyKey::parse(b"k:1").unwrap(),
         };
         assert_eq!(id.derived_key(), "acme:k:1");
+    }
+
+    #[test]
+    fn a_hashed_derived_key_has_the_asked_length_and_no_colon() {
+        let id = Identity {
+            tenant: Tenant::parse(&[b't'; 128]).unwrap(),
+            key: IdempotencyKey::parse(&[b'k'; 255]).unwrap(),
+        };
+        assert_eq!(
+            DerivedKeyFormat::parse("tenant:key"),
+            Some(DerivedKeyFormat::Plain)
+        );
+        assert_eq!(DerivedKeyFormat::Plain.derive(&id).len(), 384);
+        let f = DerivedKeyFormat::parse("sha256:40").unwrap();
+        let k = f.derive(&id);
+        assert_eq!(k.len(), 40);
+        assert!(!k.contains(':'));
+        assert_eq!(k, f.derive(&id.clone()));
+        assert_eq!(DerivedKeyFormat::parse("sha256:16"), None);
+        assert_eq!(DerivedKeyFormat::parse("md5:32"), None);
     }
 }

@@ -3,6 +3,7 @@
 //! any work, the handler runs, its outcome is stored, and only then is the
 //! offset committed or the delivery acked.
 
+pub mod backoff;
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -11,10 +12,12 @@ pub mod fingerprint;
 pub mod handler;
 pub mod health;
 pub mod identity;
+pub mod json;
 mod maintenance;
 pub mod message;
 pub mod metrics;
 pub mod provider;
+pub mod retention;
 pub mod scenario;
 pub mod server;
 pub mod startup;

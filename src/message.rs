@@ -40,21 +40,86 @@ impl fmt::Display for Source {
     }
 }
 
-/// One delivery: headers (names compared ASCII-case-insensitively), the raw
-/// payload and its coordinates.
+/// One header as the broker delivered it: name and value are untrusted
+/// bytes (a name need not be UTF-8; a Kafka value may be null).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub name: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+impl Header {
+    pub fn new(name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        Self {
+            name: name.into(),
+            value: Some(value.into()),
+        }
+    }
+
+    /// Header names compare ASCII-case-insensitively, byte for byte.
+    pub fn is(&self, name: &str) -> bool {
+        self.name.eq_ignore_ascii_case(name.as_bytes())
+    }
+
+    /// The name as text, if it is UTF-8.
+    pub fn name_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.name).ok()
+    }
+}
+
+/// One delivery: headers, the raw payload and its coordinates.
 #[derive(Debug, Clone)]
 pub struct Incoming {
-    pub headers: Vec<(String, Vec<u8>)>,
+    pub headers: Vec<Header>,
     pub body: Vec<u8>,
+    /// The payload's media type where the transport carries one (AMQP's
+    /// `content_type` property, a Kafka `content-type` header); forwarded
+    /// with the payload.
+    pub content_type: Option<String>,
     pub source: Source,
     pub received_at: DateTime<Utc>,
+    /// How often this message already came back to be retried (delay-queue
+    /// trips, in-place retries).
+    pub retries: u32,
+    /// The transport's limit on `retries`: a message that would come back
+    /// once more is dead-lettered instead (`retry_limit`). None: no limit
+    /// (Kafka, whose in-place waits end with the lease or the attempts).
+    pub retry_limit: Option<u32>,
 }
 
 impl Incoming {
+    pub fn new(source: Source, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            headers: Vec::new(),
+            body: body.into(),
+            content_type: None,
+            source,
+            received_at: Utc::now(),
+            retries: 0,
+            retry_limit: None,
+        }
+    }
+
+    pub fn with_header(mut self, name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push(Header::new(name, value));
+        self
+    }
+
+    pub fn with_content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = Some(content_type.into());
+        self
+    }
+
+    /// The first header called `name` (null values read as empty).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
+            .find(|h| h.is(name))
+            .map(|h| h.value.as_deref().unwrap_or_default())
+    }
+
+    /// How many headers are called `name`.
+    pub fn count_headers(&self, name: &str) -> usize {
+        self.headers.iter().filter(|h| h.is(name)).count()
     }
 }

@@ -54,6 +54,9 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             Some(false) => "down",
         };
         body.push_str(&format!("{} {status}\n", c.name()));
+        for lane in state.health.stalled(c) {
+            body.push_str(&format!("{} stalled: {lane}\n", c.name()));
+        }
     }
     let code = if state.health.ready() {
         StatusCode::OK

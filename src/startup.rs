@@ -2,7 +2,9 @@
 //! and the tests call the same `Application::build`.
 
 use crate::config::Settings;
-use crate::engine::{Engine, EngineOptions, Parser};
+use crate::engine::{
+    Engine, EngineOptions, Parser, Pipeline, TransactionalEngine, TransactionalHandler,
+};
 use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
@@ -18,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Application {
     settings: Settings,
-    engine: Engine,
+    store: Store,
+    metrics: Metrics,
+    pipeline: Arc<dyn Pipeline>,
     health: Health,
     listener: TcpListener,
     shutdown: CancellationToken,
@@ -38,29 +42,35 @@ impl Application {
         settings: Settings,
         handler: Arc<dyn Handler>,
     ) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(settings.http.listen)
-            .await
-            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
-        let store = Store::connect_lazy(&settings.store)?;
-        let shutdown = CancellationToken::new();
-        migrate_when_reachable(&store, settings.store.schema.as_deref(), &shutdown).await?;
-        let health = Health::default();
-        health.set(Component::Store, true);
-        let engine = Engine::new(
-            store,
+        let parts = Parts::prepare(&settings).await?;
+        let engine = Engine::with_health(
+            parts.store.clone(),
             handler,
             Parser::new(&settings.identity),
             EngineOptions::from_settings(&settings),
-            Metrics::new(),
-            shutdown.clone(),
+            parts.metrics.clone(),
+            parts.health.clone(),
+            parts.shutdown.clone(),
         );
-        Ok(Self {
-            settings,
-            engine,
-            health,
-            listener,
-            shutdown,
-        })
+        Ok(parts.into_application(settings, Arc::new(engine)))
+    }
+
+    /// The same-database mode behind the same transports: the handler's
+    /// writes commit in the claim's transaction (library use; see
+    /// `examples/ledger.rs`).
+    pub async fn build_transactional(
+        settings: Settings,
+        handler: Arc<dyn TransactionalHandler>,
+    ) -> anyhow::Result<Self> {
+        let parts = Parts::prepare(&settings).await?;
+        let engine = TransactionalEngine::new(
+            parts.store.clone(),
+            handler,
+            Parser::new(&settings.identity),
+            EngineOptions::from_settings(&settings),
+            parts.metrics.clone(),
+        );
+        Ok(parts.into_application(settings, Arc::new(engine)))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -73,8 +83,16 @@ impl Application {
         self.shutdown.clone()
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    pub fn pipeline(&self) -> &Arc<dyn Pipeline> {
+        &self.pipeline
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Runs until SIGINT/SIGTERM or the shutdown token, then stops taking
@@ -82,12 +100,18 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let Self {
             settings,
-            engine,
+            store,
+            metrics,
+            pipeline,
             health,
             listener,
             shutdown,
         } = self;
-        let metrics = engine.metrics().clone();
+        if !settings.kafka.topics.is_empty() {
+            crate::retention::check_kafka(&settings)
+                .await
+                .context("checking key retention against the Kafka topics")?;
+        }
         let mut tasks = JoinSet::new();
         tasks.spawn(watch_signals(shutdown.clone()));
         {
@@ -100,7 +124,7 @@ impl Application {
         }
         {
             let (store, r, m, h, s) = (
-                engine.store().clone(),
+                store.clone(),
                 settings.retention.clone(),
                 metrics.clone(),
                 health.clone(),
@@ -114,7 +138,7 @@ impl Application {
         if !settings.kafka.topics.is_empty() {
             let (k, e, h, s) = (
                 settings.kafka.clone(),
-                engine.clone(),
+                pipeline.clone(),
                 health.clone(),
                 shutdown.clone(),
             );
@@ -127,7 +151,7 @@ impl Application {
         if !settings.amqp.queues.is_empty() {
             let (a, e, h, s) = (
                 settings.amqp.clone(),
-                engine.clone(),
+                pipeline.clone(),
                 health.clone(),
                 shutdown.clone(),
             );
@@ -156,6 +180,48 @@ impl Application {
             shutdown.cancel();
         }
         result
+    }
+}
+
+/// What every kind of application shares: the operator listener, the
+/// store (migrated), health, metrics and the shutdown signal.
+struct Parts {
+    listener: TcpListener,
+    store: Store,
+    shutdown: CancellationToken,
+    health: Health,
+    metrics: Metrics,
+}
+
+impl Parts {
+    async fn prepare(settings: &Settings) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(settings.http.listen)
+            .await
+            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
+        let store = Store::connect_lazy(&settings.store)?;
+        let shutdown = CancellationToken::new();
+        migrate_when_reachable(&store, settings.store.schema.as_deref(), &shutdown).await?;
+        let health = Health::default();
+        health.set(Component::Store, true);
+        Ok(Self {
+            listener,
+            store,
+            shutdown,
+            health,
+            metrics: Metrics::new(),
+        })
+    }
+
+    fn into_application(self, settings: Settings, pipeline: Arc<dyn Pipeline>) -> Application {
+        Application {
+            settings,
+            store: self.store,
+            metrics: self.metrics,
+            pipeline,
+            health: self.health,
+            listener: self.listener,
+            shutdown: self.shutdown,
+        }
     }
 }
 

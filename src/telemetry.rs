@@ -16,3 +16,15 @@ pub fn init(settings: &LogSettings) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }
+
+/// An error with its causes, on one line: `outer: cause: cause`.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

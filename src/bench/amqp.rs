@@ -111,8 +111,7 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
             .ack(BasicAckOptions { multiple: false })
             .await?;
         if latency {
-            let body: serde_json::Value = serde_json::from_slice(&delivery.data)?;
-            if let Some(sent) = sent_at(&body) {
+            if let Some(sent) = sent_at(&delivery.data) {
                 samples.push((now_us() - sent) as f64 / 1000.0);
             }
         }

@@ -45,9 +45,7 @@ async fn raw_kafka(job: &Job) -> anyhow::Result<Measured> {
                 let m = m?;
                 first.get_or_insert_with(Instant::now);
                 if latency {
-                    let body: serde_json::Value =
-                        serde_json::from_slice(m.payload().unwrap_or_default())?;
-                    if let Some(sent) = sent_at(&body) {
+                    if let Some(sent) = sent_at(m.payload().unwrap_or_default()) {
                         samples.push((now_us() - sent) as f64 / 1000.0);
                     }
                 }

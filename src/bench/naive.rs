@@ -10,7 +10,7 @@ use super::service::{self, sent_at, FastHandler, CASE_LIMIT};
 use super::stats::{now_us, peak_rss_kb, percentiles, usage};
 use crate::config::{IdentitySettings, SecretUrl, StoreSettings};
 use crate::engine::{Incoming, Parser, Source};
-use crate::handler::{Handler, HandlerCall};
+use crate::handler::{Handler, HandlerCall, Request};
 use crate::identity::Epoch;
 use crate::store::Store;
 use anyhow::Context;
@@ -36,7 +36,7 @@ RETURNING epoch
 /// Store the result, fenced by the epoch the claim returned.
 const COMPLETE_SQL: &str = r#"
 UPDATE dedupq_keys SET
-    status = 'done', result_status = $4, result_body = $5::jsonb,
+    status = 'done', result_status = $4, result_body = convert_to($5, 'UTF8'),
     lease_until = NULL, completed_at = now(), updated_at = now()
 WHERE tenant = $1 AND key = $2 AND epoch = $3 AND status = 'in_progress'
 "#;
@@ -137,23 +137,19 @@ fn spawn_lane(
 
 impl Worker {
     async fn process(&self, m: &OwnedMessage) -> anyhow::Result<Option<f64>> {
-        let incoming = Incoming {
-            headers: m
-                .headers()
-                .map(|hs| {
-                    hs.iter()
-                        .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            body: m.payload().unwrap_or_default().to_vec(),
-            source: Source::Kafka {
+        let mut incoming = Incoming::new(
+            Source::Kafka {
                 topic: m.topic().to_string(),
                 partition: m.partition(),
                 offset: m.offset(),
             },
-            received_at: Utc::now(),
-        };
+            m.payload().unwrap_or_default(),
+        );
+        if let Some(hs) = m.headers() {
+            for h in hs.iter() {
+                incoming = incoming.with_header(h.key, h.value.unwrap_or_default());
+            }
+        }
         let parsed = self
             .parser
             .parse(&incoming)
@@ -172,13 +168,18 @@ impl Worker {
         if let Some(epoch) = epoch {
             let call = HandlerCall {
                 identity: id,
-                derived_key: &id.derived_key(),
-                body: &parsed.body,
+                derived_key: &parsed.derived_key,
+                request: Request {
+                    body: &incoming.body,
+                    content_type: None,
+                },
+                headers: &incoming.headers,
                 attempt: 1,
                 epoch: Epoch(epoch),
                 owner: OWNER,
                 lease_deadline: Utc::now() + LEASE,
                 source: &incoming.source,
+                uncertain: false,
             };
             let _ = self.handler.handle(&call).await;
             let done = sqlx::query(COMPLETE_SQL)
@@ -191,6 +192,6 @@ impl Worker {
                 .await?;
             anyhow::ensure!(done.rows_affected() == 1, "completion of {id} was fenced");
         }
-        Ok(sent_at(&parsed.body).map(|sent| (now_us() - sent) as f64 / 1000.0))
+        Ok(sent_at(&incoming.body).map(|sent| (now_us() - sent) as f64 / 1000.0))
     }
 }

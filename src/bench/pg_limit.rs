@@ -8,7 +8,7 @@ use super::stats::{peak_rss_kb, percentiles, usage};
 use crate::config::{SecretUrl, StoreSettings};
 use crate::fingerprint::{Fingerprint, FingerprintSpec};
 use crate::identity::{IdempotencyKey, Identity, Tenant};
-use crate::store::{ClaimRequest, ClaimResult, Finish, FinishWrite, Store};
+use crate::store::{Answer, ClaimRequest, ClaimResult, Finish, FinishWrite, Store};
 use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     })
 }
 
-fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint)>> {
+fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint, Vec<u8>)>> {
     let spec = FingerprintSpec::default();
     let tenant = Tenant::parse(TENANT.as_bytes())?;
     let mut rng = rand::rng();
@@ -67,13 +67,17 @@ fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint)>> {
             let body = serde_json::json!({
                 "amount": 100 + j % 9000, "currency": "EUR",
                 "recipient": format!("acct-{}", j % 997), "purpose": format!("invoice {j}"),
-            });
+            })
+            .to_string()
+            .into_bytes();
+            let parsed = crate::json::parse(&body)?;
             Ok((
                 Identity {
                     tenant: tenant.clone(),
                     key: IdempotencyKey::parse(key.as_bytes())?,
                 },
-                spec.fingerprint(&body),
+                spec.fingerprint(&parsed, &body),
+                body,
             ))
         })
         .collect()
@@ -83,7 +87,7 @@ fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint)>> {
 /// batch's duration (ms).
 async fn drive(
     store: &Store,
-    items: &[(Identity, Fingerprint)],
+    items: &[(Identity, Fingerprint, Vec<u8>)],
     next: &AtomicUsize,
 ) -> anyhow::Result<Vec<f64>> {
     let mut durations = Vec::new();
@@ -94,26 +98,34 @@ async fn drive(
         }
         let chunk = &items[from..(from + BATCH).min(items.len())];
         let t = Instant::now();
+        let derived: Vec<String> = chunk.iter().map(|(id, ..)| id.derived_key()).collect();
         let requests: Vec<ClaimRequest> = chunk
             .iter()
-            .map(|(identity, fingerprint)| ClaimRequest {
-                identity,
-                fingerprint,
-            })
+            .zip(&derived)
+            .map(
+                |((identity, fingerprint, body), derived_key)| ClaimRequest {
+                    identity,
+                    fingerprint,
+                    body,
+                    content_type: Some("application/json"),
+                    derived_key,
+                },
+            )
             .collect();
         let results = store.claim_batch(&requests, "bench-pg", LEASE).await?;
         let mut writes = Vec::with_capacity(chunk.len());
-        for ((identity, _), r) in chunk.iter().zip(results) {
-            let ClaimResult::Won { epoch, .. } = r else {
+        for ((identity, ..), r) in chunk.iter().zip(results) {
+            let ClaimResult::Won(claim) = r else {
                 anyhow::bail!("fresh key {identity} not won: {r:?}");
             };
             writes.push(FinishWrite {
                 identity,
-                epoch,
-                finish: Finish::Done {
+                epoch: claim.epoch,
+                finish: Finish::Done(Answer {
                     status: 200,
-                    body: serde_json::json!({ "charged": true }),
-                },
+                    body: br#"{"charged":true}"#.to_vec(),
+                    content_type: Some("application/json".into()),
+                }),
             });
         }
         let landed = store.finish_batch(&writes).await?;

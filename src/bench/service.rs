@@ -40,10 +40,10 @@ impl FastHandler {
     }
 
     pub fn outcome() -> HandlerOutcome {
-        HandlerOutcome::Success(HandlerResult {
-            status: 200,
-            body: serde_json::json!({ "charged": true }),
-        })
+        HandlerOutcome::Success(HandlerResult::json(
+            200,
+            &serde_json::json!({ "charged": true }),
+        ))
     }
 }
 
@@ -53,7 +53,7 @@ impl Handler for FastHandler {
         self.first.get_or_init(Instant::now);
         self.calls.fetch_add(1, Ordering::Relaxed);
         if self.record {
-            if let Some(sent) = sent_at(call.body) {
+            if let Some(sent) = sent_at(call.request.body) {
                 let key = call.identity.key.as_str().to_string();
                 self.stamps
                     .lock()
@@ -67,9 +67,14 @@ impl Handler for FastHandler {
 
 /// The producer's stamp, if this message carries one (warm-up and
 /// throughput messages carry 0).
-pub fn sent_at(body: &serde_json::Value) -> Option<i64> {
-    body.get("sent_at_us")
-        .and_then(serde_json::Value::as_i64)
+pub fn sent_at(body: &[u8]) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Stamp {
+        sent_at_us: Option<i64>,
+    }
+    serde_json::from_slice::<Stamp>(body)
+        .ok()?
+        .sent_at_us
         .filter(|t| *t > 0)
 }
 
@@ -93,6 +98,7 @@ pub fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
         s.kafka.topics = vec![job.source.clone()];
         s.kafka.brokers = job.brokers.clone();
         s.kafka.group_id = group(job);
+        s.kafka.create_topics = true;
         s.kafka.commit_interval = COMMIT_INTERVAL;
         if let Some(n) = job.case.buffered_per_partition {
             s.kafka.max_buffered_per_partition = n;
@@ -111,7 +117,7 @@ pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measu
     settings.validate()?;
     let handler = std::sync::Arc::new(FastHandler::new(job.phase == Phase::Latency));
     let app = Application::build_with_handler(settings, handler.clone()).await?;
-    let metrics = app.engine().metrics().clone();
+    let metrics = app.metrics().clone();
     let stop = app.shutdown_token();
     let task = tokio::spawn(app.run_until_stopped());
     let deadline = Instant::now() + CASE_LIMIT;

@@ -95,6 +95,28 @@ pub struct AmqpSettings {
     pub connect_timeout: Duration,
     /// Shown in the management UI and `rabbitmqctl list_connections`.
     pub connection_name: String,
+    /// Deliveries of one message before RabbitMQ itself dead-letters it
+    /// (quorum queues' `x-delivery-limit`, with the dead-letter exchange on
+    /// the work queue). This bounds what dedupq cannot even read: a message
+    /// whose properties or header names are not UTF-8 breaks the client's
+    /// connection before any code of dedupq sees it, and comes back after
+    /// every reconnect. Every connection loss and crash with the message
+    /// unacked counts one delivery, so keep it well above the losses one
+    /// healthy message may see.
+    pub delivery_limit: u32,
+    /// After a session ends with an error, the next one consumes with a
+    /// prefetch of 1 until this many deliveries were acked, so a message
+    /// that breaks the connection is alone in flight and only its own
+    /// delivery count grows.
+    pub cautious_acks: u32,
+    /// On shutdown, how long batches in hand may take to finish before the
+    /// connection is closed (their deliveries then come back).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// A queue with unacked deliveries and no ack for this long, or whose
+    /// sessions keep failing for this long, is reported stalled.
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
 }
 
 impl Default for AmqpSettings {
@@ -118,6 +140,10 @@ impl Default for AmqpSettings {
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             connection_name: "dedupq".into(),
+            delivery_limit: 20,
+            cautious_acks: 256,
+            drain_timeout: Duration::from_secs(15),
+            stall_after: Duration::from_secs(60),
         }
     }
 }
@@ -151,6 +177,16 @@ impl AmqpSettings {
                 "amqp.url",
                 format!("'{}' is not an AMQP URL", self.url),
                 "use amqp://user:password@host:5672/vhost or amqps://… for TLS",
+            ));
+        }
+        if self.delivery_limit < 2 {
+            return Err(ConfigError::new(
+                "amqp.delivery_limit",
+                format!(
+                    "{} leaves no room for a single connection loss",
+                    self.delivery_limit
+                ),
+                "use at least 5; the default is 20",
             ));
         }
         if self.prefetch == 0 {

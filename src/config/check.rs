@@ -99,6 +99,13 @@ fn check_identity(s: &Settings) -> Result<(), ConfigError> {
         }
         _ => {}
     }
+    if crate::identity::DerivedKeyFormat::parse(&id.derived_key).is_none() {
+        return Err(ConfigError::new(
+            "identity.derived_key",
+            format!("'{}' is not a derived-key format", id.derived_key),
+            "use \"tenant:key\" or \"sha256:<32..=64>\", e.g. \"sha256:40\"",
+        ));
+    }
     if id.max_body_bytes == 0 {
         return Err(ConfigError::new(
             "identity.max_body_bytes",

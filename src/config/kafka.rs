@@ -29,6 +29,22 @@ pub struct KafkaSettings {
     /// Batches of disjoint partitions processed at once; a partition is in
     /// at most one batch at a time, which keeps its order.
     pub max_batches_in_flight: usize,
+    /// Bytes of fetched messages held over all partitions (queued or in a
+    /// batch) before fetching pauses everywhere; resumes below half.
+    pub max_buffered_bytes: usize,
+    /// A partition with waiting messages and no durable outcome for this
+    /// long is reported stalled (/readyz, `dedupq_stalled_lanes`).
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
+    /// Largest dead-letter record produced: past it, the payload (then the
+    /// original headers) is left out and recorded in headers, so a dead
+    /// letter always fits the producer's `message.max.bytes` (1,000,000 by
+    /// default).
+    pub dead_letter_max_bytes: usize,
+    /// Create missing dead-letter and reply topics at start-up (one
+    /// partition, the broker's default replication); otherwise a missing
+    /// one stops start-up.
+    pub create_topics: bool,
     /// Messages held per partition (queued or in a batch) before fetching
     /// from that partition is paused. Pausing makes librdkafka drop what it
     /// prefetched for the partition and fetch it again on resume, so this
@@ -71,6 +87,10 @@ impl Default for KafkaSettings {
             batch_linger: Duration::from_millis(5),
             max_batches_in_flight: 4,
             max_buffered_per_partition: 10000,
+            max_buffered_bytes: 64 * 1024 * 1024,
+            stall_after: Duration::from_secs(60),
+            dead_letter_max_bytes: 900_000,
+            create_topics: false,
             commit_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(15),
             auto_offset_reset: "earliest".into(),

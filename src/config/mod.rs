@@ -4,9 +4,11 @@
 
 pub mod amqp;
 mod check;
+pub mod handler;
 pub mod kafka;
 
 pub use amqp::{AmqpSettings, QueueType, Topology};
+pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
 
 use crate::fingerprint::FingerprintSpec;
@@ -146,6 +148,10 @@ pub struct IdentitySettings {
     /// If set, the key is read from this JSON pointer when the header is absent.
     pub key_pointer: Option<String>,
     pub max_body_bytes: usize,
+    /// The provider's idempotency key: `tenant:key`, or `sha256:<n>` (the
+    /// first n hex digits, 32..=64, of SHA-256 over `tenant:key`) for
+    /// providers that limit key length. Applies to keys claimed from now on.
+    pub derived_key: String,
     pub fingerprint: FingerprintSpec,
 }
 
@@ -158,6 +164,7 @@ impl Default for IdentitySettings {
             key_header: "idempotency-key".into(),
             key_pointer: None,
             max_body_bytes: 1024 * 1024,
+            derived_key: "tenant:key".into(),
             fingerprint: FingerprintSpec::default(),
         }
     }
@@ -176,6 +183,9 @@ pub struct RetentionSettings {
     #[serde(with = "humantime_serde")]
     pub purge_every: Duration,
     pub purge_batch: i64,
+    /// Accept a `keep` shorter than a source topic's `retention.ms` (by
+    /// default start-up refuses it: a group reset would replay purged keys).
+    pub allow_shorter_than_topics: bool,
 }
 
 impl Default for RetentionSettings {
@@ -185,35 +195,7 @@ impl Default for RetentionSettings {
             redelivery_horizon: Duration::from_secs(6 * 3600),
             purge_every: Duration::from_secs(60),
             purge_batch: 1000,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HandlerKind {
-    /// POST to `handler.url` with the derived idempotency key.
-    Http,
-    /// `http` against the bundled provider simulator.
-    Payment,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct HandlerSettings {
-    pub kind: HandlerKind,
-    pub url: String,
-    /// Per-request timeout; must be shorter than the lease.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-}
-
-impl Default for HandlerSettings {
-    fn default() -> Self {
-        Self {
-            kind: HandlerKind::Payment,
-            url: "http://127.0.0.1:8081/charges".into(),
-            timeout: Duration::from_secs(10),
+            allow_shorter_than_topics: false,
         }
     }
 }
@@ -317,6 +299,7 @@ impl Settings {
         let mut copy = self.clone();
         copy.store.url = SecretUrl::new(self.store.url.to_string());
         copy.amqp.url = SecretUrl::new(self.amqp.url.to_string());
+        copy.handler = self.handler.redacted();
         copy
     }
 

@@ -5,61 +5,66 @@ use super::core::{retry_soon, Engine, Pending};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::lease::LeaseKeeper;
 use super::message::Incoming;
-use crate::handler::{HandlerCall, HandlerOutcome};
-use crate::identity::{Epoch, Identity};
-use crate::store::{Finish, FinishWrite, KeyStatus, StoreError, StoredResult};
+use super::verdict::Verdict;
+use crate::handler::{HandlerCall, HandlerOutcome, Request};
+use crate::store::{Answer, Claim, Finish, FinishWrite, StoreError};
 use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use serde_json::json;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub(super) type Won<'a> = (&'a Pending, Epoch, i32, Outcome);
+/// A key this worker owns: the message that claimed it and the claim.
+pub(super) struct Owned<'a> {
+    pub pending: &'a Pending,
+    pub claim: Claim,
+    /// `Processed` for a new key, `Takeover` for one taken over.
+    pub fresh: Outcome,
+}
+
+impl<'a> Owned<'a> {
+    pub fn new(pending: &'a Pending, claim: Claim, fresh: Outcome) -> Self {
+        Self {
+            pending,
+            claim,
+            fresh,
+        }
+    }
+}
+
+/// Whether a finish write landed.
+enum Stored {
+    Landed,
+    /// The epoch no longer matches: another worker owns the key.
+    Fenced,
+    /// PostgreSQL refused the row itself (not an outage).
+    Rejected(String),
+}
 
 impl Engine {
     pub(super) async fn run_claimed(
         &self,
         batch: &[Incoming],
-        won: Vec<Won<'_>>,
+        owned: Vec<Owned<'_>>,
         claimed_at: Instant,
-        lease_deadline: DateTime<Utc>,
         decisions: &mut [Option<Decision>],
     ) -> Result<(), StoreError> {
         let opts = &self.inner.options;
+        let lease_deadline = Utc::now() + opts.lease;
         let keeper = LeaseKeeper::new(
-            won.iter()
-                .map(|(p, epoch, ..)| (&p.parsed.identity, *epoch))
+            owned
+                .iter()
+                .map(|o| (&o.pending.parsed.identity, o.claim.epoch))
                 .collect(),
             claimed_at,
             opts.lease,
         );
-        let mut running: FuturesUnordered<_> = won
+        let mut running: FuturesUnordered<_> = owned
             .iter()
             .enumerate()
-            .map(|(j, (p, epoch, attempts, _))| {
-                let lost = keeper.lost_signal(j);
-                let msg = &batch[p.index];
-                async move {
-                    let call = HandlerCall {
-                        identity: &p.parsed.identity,
-                        derived_key: &p.parsed.identity.derived_key(),
-                        body: &p.parsed.body,
-                        attempt: *attempts as u32,
-                        epoch: *epoch,
-                        owner: &self.inner.options.owner,
-                        lease_deadline,
-                        source: &msg.source,
-                    };
-                    #[cfg(feature = "broken-claim-after-work")]
-                    if let Some(done) = &p.early {
-                        let _ = lost;
-                        return (j, done.clone());
-                    }
-                    (j, self.call_handler(&call, lost).await)
-                }
-            })
+            .map(|(j, o)| self.run_one(batch, o, lease_deadline, keeper.lost_signal(j), j))
             .collect();
         let renewal = keeper.run(
             &self.inner.store,
@@ -68,68 +73,179 @@ impl Engine {
             opts.lease,
         );
         tokio::pin!(renewal);
-
         while !running.is_empty() {
-            let first = tokio::select! {
-                Some(done) = running.next() => done,
-                _ = &mut renewal => continue,
-            };
-            let mut ready = vec![first];
-            // Store together whatever finished together. Tokio's and the
-            // set's own fairness budgets end a drain early, so drain again
-            // after one yield; stop as soon as nothing more is ready.
-            loop {
-                while let Some(Some(done)) = running.next().now_or_never() {
-                    ready.push(done);
-                }
-                if running.is_empty() {
-                    break;
-                }
-                tokio::task::yield_now().await;
-                match running.next().now_or_never() {
-                    Some(Some(done)) => ready.push(done),
-                    _ => break,
-                }
-            }
-            let writes: Vec<FinishWrite> = ready
-                .iter()
-                .map(|(j, out)| {
-                    let (p, epoch, attempts, _) = &won[*j];
-                    FinishWrite {
-                        identity: &p.parsed.identity,
-                        epoch: *epoch,
-                        finish: self.finish_for(out, *attempts as u32),
-                    }
-                })
+            let ready = next_finished(&mut running, &mut renewal).await;
+            let verdicts: Vec<(usize, Verdict)> = ready
+                .into_iter()
+                .map(|(j, out)| (j, self.judge(&owned[j], out)))
                 .collect();
-            let landed = {
-                let store_write = self.store_retry(|| self.inner.store.finish_batch(&writes));
-                tokio::pin!(store_write);
-                // Keep renewing the others while this write waits out an outage.
-                loop {
-                    tokio::select! {
-                        r = &mut store_write => break r?,
-                        _ = &mut renewal => {}
-                    }
-                }
-            };
-            for ((j, out), landed) in ready.into_iter().zip(landed) {
+            let stored = self
+                .keep_renewing(&mut renewal, self.store_verdicts(&owned, &verdicts))
+                .await?;
+            for ((j, verdict), stored) in verdicts.into_iter().zip(stored) {
                 keeper.forget(j);
-                let (p, epoch, attempts, fresh) = &won[j];
-                let mut d = if landed {
-                    self.decide(out, *fresh, *attempts as u32)
-                } else {
-                    self.inner.metrics.fenced_writes.inc();
-                    tracing::warn!(identity = %p.parsed.identity, epoch = epoch.0, "write fenced: lease lost");
-                    retry_soon(opts, None, Outcome::LeaseLost)
-                };
-                d.identity = Some(p.parsed.identity.clone());
-                d.fingerprint = Some(p.parsed.fingerprint.clone());
-                d.epoch = Some(*epoch);
-                decisions[p.index] = Some(d);
+                let o = &owned[j];
+                decisions[o.pending.index] = Some(self.after_store(o, verdict.decision, stored));
             }
         }
         Ok(())
+    }
+
+    /// One handler run, with the request the key stored at its first claim.
+    async fn run_one(
+        &self,
+        batch: &[Incoming],
+        o: &Owned<'_>,
+        lease_deadline: DateTime<Utc>,
+        lost: CancellationToken,
+        j: usize,
+    ) -> (usize, HandlerOutcome) {
+        {
+            let msg = &batch[o.pending.index];
+            let stored = o.claim.stored_request.as_ref();
+            let call = HandlerCall {
+                identity: &o.pending.parsed.identity,
+                derived_key: stored.map_or(&o.pending.parsed.derived_key, |r| &r.derived_key),
+                request: Request {
+                    body: stored.map_or(&msg.body[..], |r| &r.body[..]),
+                    content_type: stored
+                        .map_or(msg.content_type.as_deref(), |r| r.content_type.as_deref()),
+                },
+                headers: &msg.headers,
+                attempt: o.claim.attempts.max(1) as u32,
+                epoch: o.claim.epoch,
+                owner: &self.inner.options.owner,
+                lease_deadline,
+                source: &msg.source,
+                uncertain: o.claim.uncertain,
+            };
+            #[cfg(feature = "broken-claim-after-work")]
+            if let Some(done) = &o.pending.early {
+                let _ = (lost, call);
+                return (j, done.clone());
+            }
+            (j, self.call_handler(&call, lost).await)
+        }
+    }
+
+    /// Awaits `work` while the lease keeper keeps renewing the claims that
+    /// are still running.
+    async fn keep_renewing<T>(
+        &self,
+        renewal: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        work: impl Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                r = &mut work => return r,
+                _ = renewal.as_mut() => {}
+            }
+        }
+    }
+
+    /// Stores the verdicts in one statement, waiting out an outage. If
+    /// PostgreSQL refuses the statement itself, each row is written on its
+    /// own, so one bad row never holds back (or re-runs) its batch-mates.
+    async fn store_verdicts(
+        &self,
+        owned: &[Owned<'_>],
+        verdicts: &[(usize, Verdict)],
+    ) -> Result<Vec<Stored>, StoreError> {
+        let writes: Vec<FinishWrite> = verdicts
+            .iter()
+            .map(|(j, v)| FinishWrite {
+                identity: &owned[*j].pending.parsed.identity,
+                epoch: owned[*j].claim.epoch,
+                finish: v.finish.clone(),
+            })
+            .collect();
+        let timer = self
+            .inner
+            .metrics
+            .store_duration
+            .with_label_values(&["finish"])
+            .start_timer();
+        let whole = self
+            .store_retry(|| self.inner.store.finish_batch(&writes))
+            .await;
+        timer.observe_duration();
+        match whole {
+            Ok(landed) => Ok(landed.into_iter().map(landed_or_fenced).collect()),
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::chain(&e), rows = writes.len(),
+                    "PostgreSQL refused a finish statement; writing its rows one by one");
+                let mut out = Vec::with_capacity(writes.len());
+                for write in &writes {
+                    out.push(self.store_alone(write).await?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// One row on its own; if refused, once more without the answer's body
+    /// (the status is what matters about money), then give up on the row.
+    async fn store_alone(&self, write: &FinishWrite<'_>) -> Result<Stored, StoreError> {
+        let attempt = |finish: Finish| {
+            let one = [FinishWrite {
+                identity: write.identity,
+                epoch: write.epoch,
+                finish,
+            }];
+            async move {
+                self.store_retry(|| self.inner.store.finish_batch(&one))
+                    .await
+            }
+        };
+        let refused = match attempt(write.finish.clone()).await {
+            Ok(landed) => return Ok(landed_or_fenced(landed[0])),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => crate::telemetry::chain(&e),
+        };
+        let bare = |a: &Answer| Answer {
+            status: a.status,
+            body: Vec::new(),
+            content_type: None,
+        };
+        let without_body = match &write.finish {
+            Finish::Done(a) => Finish::Done(bare(a)),
+            Finish::Failed(a) => Finish::Failed(bare(a)),
+            _ => return Ok(Stored::Rejected(refused)),
+        };
+        tracing::warn!(identity = %write.identity, error = %refused,
+            "PostgreSQL refused the answer's body; storing the outcome without it");
+        match attempt(without_body).await {
+            Ok(landed) => Ok(landed_or_fenced(landed[0])),
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => Ok(Stored::Rejected(crate::telemetry::chain(&e))),
+        }
+    }
+
+    fn after_store(&self, o: &Owned<'_>, decision: Decision, stored: Stored) -> Decision {
+        let identity = &o.pending.parsed.identity;
+        match stored {
+            Stored::Landed => decision,
+            Stored::Fenced => {
+                self.inner.metrics.fenced_writes.inc();
+                tracing::warn!(%identity, epoch = o.claim.epoch.0, "write fenced: lease lost");
+                Decision {
+                    identity: Some(identity.clone()),
+                    epoch: Some(o.claim.epoch),
+                    ..retry_soon(&self.inner.options, Outcome::LeaseLost)
+                }
+            }
+            // The key stays open with its attempt marked unfinished: the
+            // next attempt treats the outcome as uncertain.
+            Stored::Rejected(error) => Decision {
+                action: Action::DeadLetter {
+                    reason: DeadLetterReason::StoreRejected,
+                    detail: format!("the outcome could not be stored: {error}"),
+                },
+                ..decision
+            },
+        }
     }
 
     async fn call_handler(
@@ -154,89 +270,60 @@ impl Engine {
                 error: "lease could not be kept while the handler ran".into(),
             },
         };
-        let label = match &outcome {
-            HandlerOutcome::Success(_) => "success",
-            HandlerOutcome::Permanent(_) => "permanent",
-            HandlerOutcome::Transient { .. } => "transient",
-            HandlerOutcome::Unknown { .. } => "unknown",
-        };
         inner
             .metrics
             .handler_duration
-            .with_label_values(&[label])
+            .with_label_values(&[outcome_label(&outcome)])
             .observe(started.elapsed().as_secs_f64());
         outcome
     }
+}
 
-    fn finish_for(&self, out: &HandlerOutcome, attempts: u32) -> Finish {
-        let last = attempts >= self.inner.options.max_attempts;
-        match out {
-            HandlerOutcome::Success(r) => Finish::Done {
-                status: r.status,
-                body: r.body.clone(),
-            },
-            HandlerOutcome::Permanent(r) => Finish::Failed {
-                status: r.status,
-                body: r.body.clone(),
-            },
-            HandlerOutcome::Transient { status, error } if last => Finish::Failed {
-                status: status.unwrap_or(0),
-                body: json!({ "error": error, "attempts": attempts, "reason": "exhausted_retries" }),
-            },
-            HandlerOutcome::Transient { error, .. } => Finish::Release {
-                error: error.clone(),
-            },
-            HandlerOutcome::Unknown { error } => Finish::Unknown {
-                error: error.clone(),
-            },
-        }
-    }
-
-    fn decide(&self, out: HandlerOutcome, fresh: Outcome, attempts: u32) -> Decision {
-        let opts = &self.inner.options;
-        let last = attempts >= opts.max_attempts;
-        let retry = Action::RetryLater {
-            after: opts.backoff.after_attempt(attempts),
-        };
-        let (outcome, action) = match out {
-            HandlerOutcome::Success(r) => (fresh, commit_with(KeyStatus::Done, r.status, r.body)),
-            HandlerOutcome::Permanent(r) => (
-                Outcome::Failed,
-                commit_with(KeyStatus::Failed, r.status, r.body),
-            ),
-            HandlerOutcome::Transient { error, .. } if last => (
-                Outcome::Failed,
-                Action::DeadLetter {
-                    reason: DeadLetterReason::ExhaustedRetries,
-                    detail: format!("{attempts} attempts failed; last error: {error}"),
-                },
-            ),
-            HandlerOutcome::Transient { .. } => (Outcome::Retried, retry),
-            HandlerOutcome::Unknown { error } if last => (
-                Outcome::Unknown,
-                Action::DeadLetter {
-                    reason: DeadLetterReason::OutcomeUnknown,
-                    detail: format!("outcome unknown after {attempts} attempts: {error}"),
-                },
-            ),
-            HandlerOutcome::Unknown { .. } => (Outcome::Unknown, retry),
-        };
-        Decision {
-            outcome,
-            action,
-            identity: None::<Identity>,
-            fingerprint: None,
-            epoch: None,
-        }
+fn landed_or_fenced(landed: bool) -> Stored {
+    if landed {
+        Stored::Landed
+    } else {
+        Stored::Fenced
     }
 }
 
-fn commit_with(status: KeyStatus, result_status: i32, body: serde_json::Value) -> Action {
-    Action::Commit {
-        reply: Some(StoredResult {
-            status,
-            result_status,
-            body,
-        }),
+fn outcome_label(outcome: &HandlerOutcome) -> &'static str {
+    match outcome {
+        HandlerOutcome::Success(_) => "success",
+        HandlerOutcome::Permanent(_) => "permanent",
+        HandlerOutcome::Transient { .. } => "transient",
+        HandlerOutcome::Unknown { .. } => "unknown",
+        HandlerOutcome::Fault { .. } => "fault",
     }
+}
+
+/// The next handler to finish, plus every other that finished with it, so
+/// they are stored together. Tokio's and the set's own fairness budgets end
+/// a drain early, so it drains again after one yield; it stops as soon as
+/// nothing more is ready. The lease keeper keeps renewing meanwhile.
+async fn next_finished<F: Future<Output = (usize, HandlerOutcome)>>(
+    running: &mut FuturesUnordered<F>,
+    renewal: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Vec<(usize, HandlerOutcome)> {
+    let first = loop {
+        tokio::select! {
+            Some(done) = running.next() => break done,
+            _ = renewal.as_mut() => {}
+        }
+    };
+    let mut ready = vec![first];
+    loop {
+        while let Some(Some(done)) = running.next().now_or_never() {
+            ready.push(done);
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+        match running.next().now_or_never() {
+            Some(Some(done)) => ready.push(done),
+            _ => break,
+        }
+    }
+    ready
 }

@@ -4,20 +4,18 @@
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parsed, Parser, Source};
 use super::options::EngineOptions;
+use super::pipeline::Pipeline;
+use crate::backoff::{self, Backoff, Gave};
 use crate::handler::Handler;
-use crate::identity::Identity;
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::store::{ClaimRequest, ClaimResult, Store, StoreError};
-use chrono::Utc;
+use crate::store::{Store, StoreError};
+use async_trait::async_trait;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// How often a claim that raced a concurrent claimer is retried at once.
-const CONTENDED_RETRIES: usize = 3;
 
 #[derive(Clone)]
 pub struct Engine {
@@ -31,6 +29,7 @@ pub(super) struct Inner {
     pub options: EngineOptions,
     pub permits: Arc<Semaphore>,
     pub metrics: Metrics,
+    pub health: Health,
     pub shutdown: CancellationToken,
 }
 
@@ -52,6 +51,27 @@ impl Engine {
         metrics: Metrics,
         shutdown: CancellationToken,
     ) -> Self {
+        Self::with_health(
+            store,
+            handler,
+            parser,
+            options,
+            metrics,
+            Health::default(),
+            shutdown,
+        )
+    }
+
+    /// The same, reporting handler faults on `health` (for /readyz).
+    pub fn with_health(
+        store: Store,
+        handler: Arc<dyn Handler>,
+        parser: Parser,
+        options: EngineOptions,
+        metrics: Metrics,
+        health: Health,
+        shutdown: CancellationToken,
+    ) -> Self {
         let permits = Arc::new(Semaphore::new(options.concurrency));
         Self {
             inner: Arc::new(Inner {
@@ -61,6 +81,7 @@ impl Engine {
                 options,
                 permits,
                 metrics,
+                health,
                 shutdown,
             }),
         }
@@ -74,8 +95,6 @@ impl Engine {
         &self.inner.metrics
     }
 
-    /// The identity rules: transports that have a fallback place for the
-    /// key (AMQP's message_id) need the header name.
     pub fn parser(&self) -> &Parser {
         &self.inner.parser
     }
@@ -114,9 +133,13 @@ impl Engine {
             }
             pending = later;
         }
-        let decisions: Vec<Decision> = decisions
-            .into_iter()
-            .map(|d| d.unwrap_or_else(|| retry_soon(&self.inner.options, None, Outcome::InFlight)))
+        let decisions: Vec<Decision> = batch
+            .iter()
+            .zip(decisions)
+            .map(|(msg, d)| {
+                let d = d.unwrap_or_else(|| retry_soon(&self.inner.options, Outcome::InFlight));
+                limit_retries(msg, d)
+            })
             .collect();
         for (msg, decision) in batch.iter().zip(&decisions) {
             self.record(msg, decision);
@@ -129,16 +152,21 @@ impl Engine {
     #[cfg(feature = "broken-claim-after-work")]
     async fn work_before_claiming(&self, batch: &[Incoming], pending: &mut [Pending]) {
         let runs = pending.iter().map(|p| async {
-            let derived_key = p.parsed.identity.derived_key();
+            let msg = &batch[p.index];
             let call = crate::handler::HandlerCall {
                 identity: &p.parsed.identity,
-                derived_key: &derived_key,
-                body: &p.parsed.body,
+                derived_key: &p.parsed.derived_key,
+                request: crate::handler::Request {
+                    body: &msg.body,
+                    content_type: msg.content_type.as_deref(),
+                },
+                headers: &msg.headers,
                 attempt: 1,
                 epoch: crate::identity::Epoch(0),
                 owner: &self.inner.options.owner,
-                lease_deadline: Utc::now() + self.inner.options.lease,
-                source: &batch[p.index].source,
+                lease_deadline: chrono::Utc::now() + self.inner.options.lease,
+                source: &msg.source,
+                uncertain: false,
             };
             self.inner.handler.handle(&call).await
         });
@@ -148,184 +176,52 @@ impl Engine {
         }
     }
 
-    async fn run_round(
-        &self,
-        batch: &[Incoming],
-        round: &[Pending],
-        decisions: &mut [Option<Decision>],
-    ) -> Result<(), StoreError> {
-        let claimed_at = Instant::now();
-        let lease_deadline = Utc::now() + self.inner.options.lease;
-        let results = self.claim_with_retries(round).await?;
-        let mut won = Vec::new();
-        for (p, result) in round.iter().zip(results) {
-            let opts = &self.inner.options;
-            let decision = |outcome, action| Decision {
-                outcome,
-                action,
-                identity: Some(p.parsed.identity.clone()),
-                fingerprint: Some(p.parsed.fingerprint.clone()),
-                epoch: None,
-            };
-            decisions[p.index] = Some(match result {
-                ClaimResult::Won { epoch, attempts } => {
-                    won.push((p, epoch, attempts, Outcome::Processed));
-                    continue;
-                }
-                ClaimResult::TakenOver { epoch, attempts } => {
-                    self.inner.metrics.takeovers.inc();
-                    won.push((p, epoch, attempts, Outcome::Takeover));
-                    continue;
-                }
-                ClaimResult::Duplicate(stored) => decision(
-                    Outcome::Duplicate,
-                    Action::Commit {
-                        reply: Some(stored),
-                    },
-                ),
-                ClaimResult::Held { lease_until } => {
-                    let left = (lease_until - Utc::now()).to_std().unwrap_or_default();
-                    decision(
-                        Outcome::InFlight,
-                        Action::RetryLater {
-                            after: opts.backoff.for_held(left),
-                        },
-                    )
-                }
-                ClaimResult::Conflict => decision(
-                    Outcome::Conflict,
-                    Action::DeadLetter {
-                        reason: DeadLetterReason::Conflict,
-                        detail: "this key was already used for a different operation \
-                                 (the fingerprint differs)"
-                            .into(),
-                    },
-                ),
-                ClaimResult::Contended => {
-                    retry_soon(opts, Some(&p.parsed.identity), Outcome::InFlight)
-                }
-            });
-        }
-        if !won.is_empty() {
-            self.run_claimed(batch, won, claimed_at, lease_deadline, decisions)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Claims the round; requests that raced a concurrent claimer's insert
-    /// are claimed again (a few times) to learn the row's real state.
-    async fn claim_with_retries(&self, round: &[Pending]) -> Result<Vec<ClaimResult>, StoreError> {
-        let inner = &self.inner;
-        let mut results = vec![ClaimResult::Contended; round.len()];
-        let mut todo: Vec<usize> = (0..round.len()).collect();
-        for _ in 0..CONTENDED_RETRIES {
-            let requests: Vec<ClaimRequest> = todo
-                .iter()
-                .map(|&i| ClaimRequest {
-                    identity: &round[i].parsed.identity,
-                    fingerprint: &round[i].parsed.fingerprint,
-                })
-                .collect();
-            inner
-                .metrics
-                .claim_batch_size
-                .observe(requests.len() as f64);
-            let timer = inner
-                .metrics
-                .store_duration
-                .with_label_values(&["claim"])
-                .start_timer();
-            let got = inner
-                .store
-                .claim_batch(&requests, &inner.options.owner, inner.options.lease)
-                .await
-                .inspect_err(|_| inner.metrics.store_errors.inc())?;
-            timer.observe_duration();
-            let mut again = Vec::new();
-            for (&i, r) in todo.iter().zip(got) {
-                inner
-                    .metrics
-                    .claims
-                    .with_label_values(&[claim_label(&r)])
-                    .inc();
-                if r == ClaimResult::Contended {
-                    again.push(i);
-                }
-                results[i] = r;
-            }
-            if again.is_empty() {
-                break;
-            }
-            todo = again;
-        }
-        Ok(results)
-    }
-
     /// Retries a store write through an outage: the result is only in
     /// memory, so it is worth waiting for PostgreSQL to come back. Gives up
-    /// on shutdown (nothing is committed; the message comes back).
-    pub(super) async fn store_retry<T, F, Fut>(&self, mut write: F) -> Result<T, StoreError>
+    /// on shutdown (nothing is committed; the message comes back) or on an
+    /// error that waiting does not cure.
+    pub(super) async fn store_retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let backoff = self.inner.options.backoff;
-        let mut attempt = 1;
-        loop {
-            match write().await {
-                Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() => {
-                    self.inner.metrics.store_errors.inc();
-                    tracing::warn!(error = %e, attempt, "store write failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff.after_attempt(attempt)) => {}
-                        _ = self.inner.shutdown.cancelled() => return Err(e),
-                    }
-                    attempt += 1;
-                }
-                Err(e) => {
-                    self.inner.metrics.store_errors.inc();
-                    return Err(e);
-                }
+        let metrics = &self.inner.metrics;
+        backoff::wait_out(
+            self.inner.options.backoff,
+            &self.inner.shutdown,
+            StoreError::is_transient,
+            |e, attempt, _| {
+                metrics.store_errors.inc();
+                tracing::warn!(error = %crate::telemetry::chain(e), attempt, "store write failed; retrying");
+            },
+            write,
+        )
+        .await
+        .map_err(|gave| {
+            if let Gave::Up(_) = &gave {
+                metrics.store_errors.inc();
             }
-        }
-    }
-
-    fn record(&self, msg: &Incoming, d: &Decision) {
-        let m = &self.inner.metrics;
-        let transport = transport_label(&msg.source);
-        m.messages
-            .with_label_values(&[transport, d.outcome.label()])
-            .inc();
-        if let Action::DeadLetter { reason, .. } = &d.action {
-            m.dead_letters.with_label_values(&[reason.label()]).inc();
-        }
-        let (tenant, key) = d
-            .identity
-            .as_ref()
-            .map(|i| (i.tenant.as_str(), i.key.as_str()))
-            .unwrap_or_default();
-        let epoch = d.epoch.map(|e| e.0);
-        match d.outcome {
-            Outcome::Processed | Outcome::Duplicate | Outcome::InFlight => tracing::debug!(
-                tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source, "message decided"
-            ),
-            _ => tracing::info!(
-                tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source,
-                action = ?action_label(&d.action), "message decided"
-            ),
-        }
+            gave.into_inner()
+        })
     }
 }
 
-fn action_label(a: &Action) -> String {
-    match a {
-        Action::Commit { .. } => "commit".into(),
-        Action::DeadLetter { reason, detail } => {
-            format!("dead_letter({}: {detail})", reason.label())
-        }
-        Action::RetryLater { after } => format!("retry_later({after:?})"),
+#[async_trait]
+impl Pipeline for Engine {
+    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+        Engine::process(self, batch).await
+    }
+
+    fn parser(&self) -> &Parser {
+        &self.inner.parser
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    fn backoff(&self) -> Backoff {
+        self.inner.options.backoff
     }
 }
 
@@ -337,30 +233,39 @@ pub fn transport_label(source: &Source) -> &'static str {
     }
 }
 
-fn claim_label(r: &ClaimResult) -> &'static str {
-    match r {
-        ClaimResult::Won { .. } => "won",
-        ClaimResult::TakenOver { .. } => "takeover",
-        ClaimResult::Duplicate(_) => "duplicate",
-        ClaimResult::Held { .. } => "held",
-        ClaimResult::Conflict => "conflict",
-        ClaimResult::Contended => "contended",
-    }
-}
-
-pub(super) fn retry_soon(
-    opts: &EngineOptions,
-    identity: Option<&Identity>,
-    outcome: Outcome,
-) -> Decision {
+/// Nothing decided yet: look again after the shortest backoff.
+pub(super) fn retry_soon(opts: &EngineOptions, outcome: Outcome) -> Decision {
     Decision {
         outcome,
         action: Action::RetryLater {
             after: opts.backoff.min,
         },
-        identity: identity.cloned(),
+        identity: None,
         fingerprint: None,
         epoch: None,
+    }
+}
+
+/// A message that would come back once more than its transport allows is
+/// dead-lettered instead (its key, if claimed, was released or stays
+/// unknown: nothing about it is lost).
+pub(super) fn limit_retries(msg: &Incoming, decision: Decision) -> Decision {
+    match (&decision.action, msg.retry_limit) {
+        (Action::RetryLater { .. }, Some(limit)) if msg.retries >= limit => {
+            let detail = format!(
+                "still '{}' after coming back {} times",
+                decision.outcome.label(),
+                msg.retries
+            );
+            Decision {
+                action: Action::DeadLetter {
+                    reason: DeadLetterReason::RetryLimit,
+                    detail,
+                },
+                ..decision
+            }
+        }
+        _ => decision,
     }
 }
 

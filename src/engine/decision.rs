@@ -1,6 +1,6 @@
 //! What the engine decided for one message, for the transport to apply.
 
-use super::message::InvalidReason;
+use super::message::{InvalidReason, Parsed};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{Epoch, Identity};
 use crate::store::StoredResult;
@@ -20,10 +20,13 @@ pub enum Outcome {
     Unknown,
     /// The worker's write was fenced: another worker owns the key now.
     LeaseLost,
+    /// The handler's answer points at dedupq's configuration (401, 404, a
+    /// redirect): nothing stored, retried later.
+    Fault,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Processed,
         Outcome::Duplicate,
         Outcome::InFlight,
@@ -34,6 +37,7 @@ impl Outcome {
         Outcome::Retried,
         Outcome::Unknown,
         Outcome::LeaseLost,
+        Outcome::Fault,
     ];
 
     pub fn label(self) -> &'static str {
@@ -48,6 +52,7 @@ impl Outcome {
             Outcome::Retried => "retried",
             Outcome::Unknown => "unknown",
             Outcome::LeaseLost => "lease_lost",
+            Outcome::Fault => "handler_fault",
         }
     }
 }
@@ -61,8 +66,14 @@ pub enum DeadLetterReason {
     /// Transient failures on every allowed attempt; the key is stored failed.
     ExhaustedRetries,
     /// Outcome still unknown after every allowed attempt; the key stays
-    /// `unknown` for an operator to reconcile.
+    /// `unknown`, held for an operator to settle.
     OutcomeUnknown,
+    /// Came back for a retry more often than the transport allows (a key
+    /// held elsewhere for too long, a handler fault that persists).
+    RetryLimit,
+    /// PostgreSQL refused this message's row (not an outage): its key's
+    /// outcome, if it has one, is left uncertain for the next attempt.
+    StoreRejected,
 }
 
 impl DeadLetterReason {
@@ -72,7 +83,20 @@ impl DeadLetterReason {
             DeadLetterReason::Conflict => "conflict",
             DeadLetterReason::ExhaustedRetries => "exhausted_retries",
             DeadLetterReason::OutcomeUnknown => "outcome_unknown",
+            DeadLetterReason::RetryLimit => "retry_limit",
+            DeadLetterReason::StoreRejected => "store_rejected",
         }
+    }
+
+    /// Every label a dead letter can carry.
+    pub fn labels() -> impl Iterator<Item = &'static str> {
+        InvalidReason::LABELS.into_iter().chain([
+            "conflict",
+            "exhausted_retries",
+            "outcome_unknown",
+            "retry_limit",
+            "store_rejected",
+        ])
     }
 }
 
@@ -101,6 +125,17 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A decision about a message whose identity is known.
+    pub fn about(outcome: Outcome, action: Action, parsed: &Parsed) -> Self {
+        Self {
+            outcome,
+            action,
+            identity: Some(parsed.identity.clone()),
+            fingerprint: Some(parsed.fingerprint.clone()),
+            epoch: None,
+        }
+    }
+
     pub fn invalid(reason: InvalidReason) -> Self {
         Self {
             outcome: Outcome::Invalid,

@@ -78,7 +78,9 @@ impl<'a> LeaseKeeper<'a> {
                     for (&i, held) in active.iter().zip(held) {
                         if held {
                             slots[i].deadline = started + lease;
-                        } else {
+                        } else if slots[i].active {
+                            // Not a loss when the outcome was stored while
+                            // the renewal was under way.
                             metrics.lost_leases.inc();
                             slots[i].lost.cancel();
                         }
@@ -102,7 +104,7 @@ impl<'a> LeaseKeeper<'a> {
 fn expire_unsafe(slots: &mut [Slot], active: &[usize], every: Duration, metrics: &Metrics) {
     let next_chance = Instant::now() + every;
     for &i in active {
-        if next_chance >= slots[i].deadline && !slots[i].lost.is_cancelled() {
+        if slots[i].active && next_chance >= slots[i].deadline && !slots[i].lost.is_cancelled() {
             metrics.lost_leases.inc();
             slots[i].lost.cancel();
         }

@@ -3,9 +3,9 @@
 
 use crate::config::{IdentitySettings, TenantSource};
 use crate::fingerprint::{Fingerprint, FingerprintSpec};
-use crate::identity::{IdempotencyKey, Identity, IdentityError, Tenant};
-pub use crate::message::{Incoming, Source};
-use serde_json::Value;
+use crate::identity::{DerivedKeyFormat, IdempotencyKey, Identity, IdentityError, Tenant};
+use crate::json::{self, Json, JsonError};
+pub use crate::message::{Header, Incoming, Source};
 
 /// Why a message cannot be processed at all. It is dead-lettered and never
 /// claims a key.
@@ -14,9 +14,15 @@ pub enum InvalidReason {
     #[error("body is {len} bytes; the limit is {max}")]
     TooLarge { len: usize, max: usize },
     #[error("body is not JSON: {0}")]
-    NotJson(String),
+    NotJson(JsonError),
     #[error("body is JSON but not an object")]
     NotObject,
+    #[error("ambiguous body: {0}")]
+    DuplicateMember(JsonError),
+    #[error("a header name is not UTF-8: {name}")]
+    BadHeader { name: String },
+    #[error("header '{name}' appears {count} times: which one names the payment is ambiguous")]
+    DuplicateHeader { name: String, count: usize },
     #[error("tenant: {0}")]
     Tenant(IdentityError),
     #[error("idempotency key: {0}")]
@@ -29,10 +35,23 @@ impl InvalidReason {
         match self {
             InvalidReason::TooLarge { .. } => "too_large",
             InvalidReason::NotJson(_) | InvalidReason::NotObject => "not_json",
+            InvalidReason::DuplicateMember(_) => "duplicate_member",
+            InvalidReason::BadHeader { .. } => "bad_header",
+            InvalidReason::DuplicateHeader { .. } => "duplicate_header",
             InvalidReason::Tenant(_) => "bad_tenant",
             InvalidReason::Key(_) => "bad_key",
         }
     }
+
+    pub const LABELS: [&'static str; 7] = [
+        "too_large",
+        "not_json",
+        "duplicate_member",
+        "bad_header",
+        "duplicate_header",
+        "bad_tenant",
+        "bad_key",
+    ];
 }
 
 /// A valid message, ready to claim.
@@ -40,7 +59,8 @@ impl InvalidReason {
 pub struct Parsed {
     pub identity: Identity,
     pub fingerprint: Fingerprint,
-    pub body: Value,
+    /// The key sent to the provider, if this message's claim creates the key.
+    pub derived_key: String,
 }
 
 /// Applies the identity rules of the configuration to deliveries.
@@ -51,9 +71,11 @@ pub struct Parser {
     key_pointer: Option<String>,
     max_body_bytes: usize,
     fingerprint: FingerprintSpec,
+    derived_key: DerivedKeyFormat,
 }
 
 impl Parser {
+    /// The settings must have passed `Settings::validate`.
     pub fn new(settings: &IdentitySettings) -> Self {
         Self {
             tenant: settings.tenant.clone(),
@@ -61,6 +83,8 @@ impl Parser {
             key_pointer: settings.key_pointer.clone(),
             max_body_bytes: settings.max_body_bytes,
             fingerprint: settings.fingerprint.clone(),
+            derived_key: DerivedKeyFormat::parse(&settings.derived_key)
+                .unwrap_or(DerivedKeyFormat::Plain),
         }
     }
 
@@ -69,15 +93,26 @@ impl Parser {
         &self.key_header
     }
 
+    /// The header the tenant is read from, when it comes from a header.
+    pub fn tenant_header(&self) -> Option<&str> {
+        match &self.tenant {
+            TenantSource::Header { name } => Some(name),
+            _ => None,
+        }
+    }
+
     pub fn parse(&self, msg: &Incoming) -> Result<Parsed, InvalidReason> {
+        self.check_headers(msg)?;
         if msg.body.len() > self.max_body_bytes {
             return Err(InvalidReason::TooLarge {
                 len: msg.body.len(),
                 max: self.max_body_bytes,
             });
         }
-        let body: Value =
-            serde_json::from_slice(&msg.body).map_err(|e| InvalidReason::NotJson(e.to_string()))?;
+        let body = json::parse(&msg.body).map_err(|e| match e {
+            JsonError::DuplicateKey { .. } => InvalidReason::DuplicateMember(e),
+            e => InvalidReason::NotJson(e),
+        })?;
         if !body.is_object() {
             return Err(InvalidReason::NotObject);
         }
@@ -93,18 +128,40 @@ impl Parser {
             (None, None) => &[],
         };
         let key = IdempotencyKey::parse(key_bytes).map_err(InvalidReason::Key)?;
-        let fingerprint = self.fingerprint.fingerprint(&body);
+        let identity = Identity { tenant, key };
         Ok(Parsed {
-            identity: Identity { tenant, key },
-            fingerprint,
-            body,
+            fingerprint: self.fingerprint.fingerprint(&body, &msg.body),
+            derived_key: self.derived_key.derive(&identity),
+            identity,
         })
+    }
+
+    /// Header names must be text, and the headers that name the payment
+    /// must appear once: a gateway that appends the authenticated tenant
+    /// could otherwise be overruled by a header the sender set first.
+    fn check_headers(&self, msg: &Incoming) -> Result<(), InvalidReason> {
+        if let Some(bad) = msg.headers.iter().find(|h| h.name_str().is_none()) {
+            return Err(InvalidReason::BadHeader {
+                name: String::from_utf8_lossy(&bad.name).into_owned(),
+            });
+        }
+        let identity_headers = [Some(self.key_header.as_str()), self.tenant_header()];
+        for name in identity_headers.into_iter().flatten() {
+            let count = msg.count_headers(name);
+            if count > 1 {
+                return Err(InvalidReason::DuplicateHeader {
+                    name: name.to_string(),
+                    count,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
-fn text_at<'a>(body: &'a Value, pointer: &str) -> &'a [u8] {
+fn text_at<'a>(body: &'a Json, pointer: &str) -> &'a [u8] {
     body.pointer(pointer)
-        .and_then(Value::as_str)
+        .and_then(Json::as_str)
         .map(str::as_bytes)
         .unwrap_or_default()
 }

@@ -6,10 +6,15 @@ mod decision;
 mod lease;
 mod message;
 mod options;
+mod pipeline;
+mod record;
+mod round;
 mod transactional;
+mod verdict;
 
 pub use self::core::{transport_label, Engine};
 pub use decision::{Action, DeadLetterReason, Decision, Outcome};
-pub use message::{Incoming, InvalidReason, Parsed, Parser, Source};
+pub use message::{Header, Incoming, InvalidReason, Parsed, Parser, Source};
 pub use options::{default_owner, Backoff, EngineOptions};
+pub use pipeline::Pipeline;
 pub use transactional::{TransactionalEngine, TransactionalHandler, TxFailure};

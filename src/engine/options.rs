@@ -1,3 +1,4 @@
+pub use crate::backoff::Backoff;
 use crate::config::Settings;
 use rand::Rng;
 use std::time::Duration;
@@ -48,32 +49,4 @@ pub fn default_owner() -> String {
         .unwrap_or_else(|_| "host".into());
     let nonce: u32 = rand::rng().random();
     format!("{host}-{}-{nonce:08x}", std::process::id())
-}
-
-/// Exponential backoff with jitter, between `min` and `max`.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-}
-
-impl Backoff {
-    /// Delay before attempt `attempt + 1`.
-    pub fn after_attempt(&self, attempt: u32) -> Duration {
-        let exp = attempt.saturating_sub(1).min(20);
-        let base = self.min.saturating_mul(1 << exp).min(self.max);
-        // ±20 % so that retries of one burst spread out.
-        let jitter: f64 = rand::rng().random_range(0.8..1.2);
-        base.mul_f64(jitter).clamp(self.min, self.max)
-    }
-
-    /// How long to wait before re-claiming a key someone else holds: until
-    /// its lease ends, but looking again soon since the holder usually
-    /// finishes well before that.
-    pub fn for_held(&self, until_lease_end: Duration) -> Duration {
-        until_lease_end.clamp(
-            self.min,
-            self.min.saturating_mul(5).min(self.max).max(self.min),
-        )
-    }
 }

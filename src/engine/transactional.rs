@@ -2,11 +2,13 @@
 //! PostgreSQL inside the claim's transaction, so claim, work and result
 //! commit together or not at all. No lease, no renewal, no fencing needed.
 
-use super::core::transport_label;
+use super::core::{limit_retries, transport_label};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parser};
 use super::options::EngineOptions;
-use crate::handler::{HandlerCall, HandlerResult};
+use super::pipeline::Pipeline;
+use crate::backoff::Backoff;
+use crate::handler::{HandlerCall, HandlerResult, Request};
 use crate::metrics::Metrics;
 use crate::store::{
     ClaimRequest, ClaimResult, KeyStatus, Store, StoreError, StoredResult, TxClaim,
@@ -26,7 +28,38 @@ pub enum TxFailure {
     Transient(String),
 }
 
-/// A handler whose work is SQL on the claim's own connection.
+/// A handler whose work is SQL on the claim's own connection: its writes
+/// commit together with the key's result, or not at all. No provider key is
+/// needed for exactly-once: a crash before the commit leaves neither.
+///
+/// ```
+/// use dedupq::engine::{TransactionalHandler, TxFailure};
+/// use dedupq::handler::{HandlerCall, HandlerResult};
+/// use sqlx::PgConnection;
+///
+/// struct Ledger;
+///
+/// #[async_trait::async_trait]
+/// impl TransactionalHandler for Ledger {
+///     async fn handle(
+///         &self,
+///         conn: &mut PgConnection,
+///         call: &HandlerCall<'_>,
+///     ) -> Result<HandlerResult, TxFailure> {
+///         let entry: serde_json::Value = call
+///             .json()
+///             .map_err(|e| TxFailure::Permanent(HandlerResult::json(400, &serde_json::json!({"error": e.to_string()}))))?;
+///         sqlx::query("INSERT INTO ledger (tenant, key, amount) VALUES ($1, $2, $3)")
+///             .bind(call.identity.tenant.as_str())
+///             .bind(call.identity.key.as_str())
+///             .bind(entry["amount"].as_i64().unwrap_or(0))
+///             .execute(conn)
+///             .await
+///             .map_err(|e| TxFailure::Transient(e.to_string()))?;
+///         Ok(HandlerResult::json(201, &entry))
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait TransactionalHandler: Send + Sync + 'static {
     async fn handle(
@@ -68,7 +101,11 @@ impl TransactionalEngine {
             .buffered(self.options.concurrency)
             .collect()
             .await;
-        let decisions = decisions.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let decisions: Vec<Decision> = decisions
+            .into_iter()
+            .zip(batch)
+            .map(|(d, msg)| d.map(|d| limit_retries(msg, d)))
+            .collect::<Result<_, _>>()?;
         for (msg, d) in batch.iter().zip(&decisions) {
             self.metrics
                 .messages
@@ -86,6 +123,9 @@ impl TransactionalEngine {
         let request = ClaimRequest {
             identity: &parsed.identity,
             fingerprint: &parsed.fingerprint,
+            body: &msg.body,
+            content_type: msg.content_type.as_deref(),
+            derived_key: &parsed.derived_key,
         };
         let decided = |outcome, action| Decision {
             outcome,
@@ -108,6 +148,14 @@ impl TransactionalEngine {
                     },
                 ))
             }
+            TxClaim::Settled(ClaimResult::HeldUnknown { .. }) => {
+                return Ok(decided(
+                    Outcome::Unknown,
+                    Action::Commit {
+                        reply: Some(StoredResult::unknown()),
+                    },
+                ))
+            }
             TxClaim::Settled(ClaimResult::Conflict) => {
                 return Ok(decided(
                     Outcome::Conflict,
@@ -122,16 +170,20 @@ impl TransactionalEngine {
                 return Ok(decided(Outcome::InFlight, Action::RetryLater { after }));
             }
         };
-        let derived_key = parsed.identity.derived_key();
         let call = HandlerCall {
             identity: &parsed.identity,
-            derived_key: &derived_key,
-            body: &parsed.body,
+            derived_key: &parsed.derived_key,
+            request: Request {
+                body: &msg.body,
+                content_type: msg.content_type.as_deref(),
+            },
+            headers: &msg.headers,
             attempt: 1,
             epoch: crate::identity::Epoch(1),
             owner: &self.options.owner,
             lease_deadline: Utc::now() + self.options.handler_timeout,
             source: &msg.source,
+            uncertain: false,
         };
         sqlx::query("SAVEPOINT dedupq_handler")
             .execute(&mut *tx)
@@ -162,5 +214,25 @@ fn stored(status: KeyStatus, r: HandlerResult) -> StoredResult {
         status,
         result_status: r.status,
         body: r.body,
+        content_type: r.content_type,
+    }
+}
+
+#[async_trait]
+impl Pipeline for TransactionalEngine {
+    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+        TransactionalEngine::process(self, batch).await
+    }
+
+    fn parser(&self) -> &Parser {
+        &self.parser
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn backoff(&self) -> Backoff {
+        self.options.backoff
     }
 }

@@ -1,111 +1,356 @@
-//! `http`: POST the body to a URL with the derived key as `Idempotency-Key`.
+//! `http`: POST the message's bytes, exactly as received, with the derived
+//! key as the provider's idempotency key.
 //!
-//! 2xx: done. 4xx except 408/409/429: failed for good. 5xx, 408, 409 (the
-//! provider is still working on this key), 429 and refused connections:
-//! transient. A timeout or a broken connection after the request was sent:
-//! unknown, because the provider may have acted.
+//! 2xx: done. A definitive 4xx: failed for good. 5xx, 408, 409 (the
+//! provider still works on this key), 429 and refused connections:
+//! transient. 422 is a refusal of the request on a first attempt, but after
+//! an attempt whose outcome is unknown it is only the provider noticing a
+//! repeat: it settles nothing. A timeout or a broken connection after the
+//! request was sent: unknown, because the provider may have acted.
+//! Redirects are never followed (reqwest would turn the POST into a GET and
+//! drop the body) and, like 401/403/404/405, mean dedupq is misconfigured:
+//! a fault, never the payment's outcome.
 
-use super::{Handler, HandlerCall, HandlerOutcome, HandlerResult};
+use super::{FaultReason, Handler, HandlerCall, HandlerOutcome, HandlerResult};
+use crate::config::{HandlerRoute, HandlerSettings};
+use crate::message::Source;
 use async_trait::async_trait;
-use reqwest::StatusCode;
-use serde_json::{json, Value};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::{Response, StatusCode};
 use std::time::Duration;
+
+/// Headers dedupq adds to every request, besides the derived key.
+pub mod header {
+    pub const ATTEMPT: &str = "X-Dedupq-Attempt";
+    pub const EPOCH: &str = "X-Dedupq-Epoch";
+    pub const OWNER: &str = "X-Dedupq-Owner";
+    pub const TENANT: &str = "X-Dedupq-Tenant";
+    pub const KEY: &str = "X-Dedupq-Key";
+}
 
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
+    routes: Vec<(HandlerRoute, reqwest::Url)>,
+    lookup_url: Option<String>,
     timeout: Duration,
+    key_header: HeaderName,
+    static_headers: HeaderMap,
+    pass_headers: Vec<HeaderName>,
+    fault_statuses: Vec<u16>,
+    max_response_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpHandlerError {
-    #[error("handler.url '{0}' is not a valid http(s) URL")]
-    BadUrl(String),
+    #[error("invalid setting `handler.{setting}`: {problem}")]
+    Config {
+        setting: &'static str,
+        problem: String,
+    },
     #[error("building the HTTP client failed")]
     Client(#[source] reqwest::Error),
 }
 
+fn config(setting: &'static str, problem: impl Into<String>) -> HttpHandlerError {
+    HttpHandlerError::Config {
+        setting,
+        problem: problem.into(),
+    }
+}
+
+fn parse_url(setting: &'static str, raw: &str) -> Result<reqwest::Url, HttpHandlerError> {
+    reqwest::Url::parse(raw)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .ok_or_else(|| {
+            let shown = crate::config::handler::redact_url(raw);
+            config(setting, format!("'{shown}' is not a valid http(s) URL"))
+        })
+}
+
 impl HttpHandler {
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, HttpHandlerError> {
-        let url = reqwest::Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| HttpHandlerError::BadUrl(url.to_string()))?;
-        let client = reqwest::Client::builder()
+    pub fn new(s: &HandlerSettings) -> Result<Self, HttpHandlerError> {
+        let url = parse_url("url", &s.url)?;
+        let routes = s
+            .routes
+            .iter()
+            .map(|r| Ok((r.clone(), parse_url("routes", &r.url)?)))
+            .collect::<Result<_, HttpHandlerError>>()?;
+        if let Some(lookup) = &s.lookup_url {
+            parse_url("lookup_url", &lookup.replace("{derived_key}", "k"))?;
+        }
+        let key_header = HeaderName::try_from(s.key_header.as_str())
+            .map_err(|_| config("key_header", "is not a valid header name"))?;
+        let mut static_headers = HeaderMap::new();
+        for (name, value) in &s.headers {
+            let header = HeaderName::try_from(name.as_str())
+                .map_err(|_| config("headers", format!("'{name}' is not a valid header name")))?;
+            let mut value = value
+                .resolve()
+                .ok()
+                .and_then(|v| HeaderValue::try_from(v).ok())
+                .ok_or_else(|| {
+                    config(
+                        "headers",
+                        format!("the value of '{name}' is missing or not a valid header value"),
+                    )
+                })?;
+            value.set_sensitive(true);
+            static_headers.insert(header, value);
+        }
+        let pass_headers = s
+            .pass_headers
+            .iter()
+            .map(|n| {
+                HeaderName::try_from(n.as_str())
+                    .map_err(|_| config("pass_headers", format!("'{n}' is not a header name")))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut builder = reqwest::Client::builder()
+            // A redirect is a misconfiguration, and following it would turn
+            // the charge into a GET without its body.
+            .redirect(reqwest::redirect::Policy::none())
             // Refused or unreachable is told apart from a slow provider:
             // connecting is bounded on its own, well inside the timeout.
-            .connect_timeout(timeout.min(Duration::from_secs(2)))
+            .connect_timeout(s.timeout.min(Duration::from_secs(2)))
             // Keep connections warm for the next messages of the batch.
             .pool_max_idle_per_host(64)
             .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(HttpHandlerError::Client)?;
+            .tcp_nodelay(true);
+        if let Some(path) = &s.ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| config("ca_file", format!("reading {}: {e}", path.display())))?;
+            let ca = reqwest::Certificate::from_pem(&pem)
+                .map_err(|_| config("ca_file", "is not a PEM certificate"))?;
+            builder = builder.add_root_certificate(ca);
+        }
+        if let Some(path) = &s.client_identity_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                config(
+                    "client_identity_file",
+                    format!("reading {}: {e}", path.display()),
+                )
+            })?;
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|_| {
+                config(
+                    "client_identity_file",
+                    "must hold a PEM certificate and its private key",
+                )
+            })?;
+            builder = builder.identity(identity);
+        }
         Ok(Self {
-            client,
+            client: builder.build().map_err(HttpHandlerError::Client)?,
             url,
-            timeout,
+            routes,
+            lookup_url: s.lookup_url.clone(),
+            timeout: s.timeout,
+            key_header,
+            static_headers,
+            pass_headers,
+            fault_statuses: s.fault_statuses.clone(),
+            max_response_bytes: s.max_response_bytes,
         })
+    }
+
+    fn target(&self, call: &HandlerCall<'_>) -> &reqwest::Url {
+        let source = match call.source {
+            Source::Kafka { topic, .. } => Some(topic.as_str()),
+            Source::Amqp { queue, .. } => Some(queue.as_str()),
+            _ => None,
+        };
+        let tenant = call.identity.tenant.as_str();
+        self.routes
+            .iter()
+            .find(|(r, _)| {
+                r.source.as_deref().is_none_or(|s| Some(s) == source)
+                    && r.tenant.as_deref().is_none_or(|t| t == tenant)
+            })
+            .map_or(&self.url, |(_, url)| url)
+    }
+
+    fn request_headers(&self, call: &HandlerCall<'_>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for name in &self.pass_headers {
+            for header in call.headers.iter().filter(|m| m.is(name.as_str())) {
+                if let Some(v) = header
+                    .value
+                    .as_deref()
+                    .and_then(|v| HeaderValue::from_bytes(v).ok())
+                {
+                    h.append(name.clone(), v);
+                }
+            }
+        }
+        h.extend(self.static_headers.clone());
+        let text = |v: &str| {
+            HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        };
+        h.insert(self.key_header.clone(), text(call.derived_key));
+        h.insert(header::ATTEMPT, text(&call.attempt.to_string()));
+        h.insert(header::EPOCH, text(&call.epoch.to_string()));
+        h.insert(header::OWNER, text(call.owner));
+        h.insert(header::TENANT, text(call.identity.tenant.as_str()));
+        h.insert(header::KEY, text(call.identity.key.as_str()));
+        let content_type = call
+            .request
+            .content_type
+            .and_then(|c| HeaderValue::from_str(c).ok())
+            .unwrap_or_else(|| HeaderValue::from_static("application/json"));
+        h.insert(CONTENT_TYPE, content_type);
+        h
+    }
+
+    /// Asks the provider whether the uncertain attempt charged. Some(done)
+    /// settles the key; None: unknown or not found, send the request.
+    async fn look_up(&self, call: &HandlerCall<'_>) -> Option<HandlerOutcome> {
+        let template = self.lookup_url.as_ref()?;
+        let encoded: String =
+            url::form_urlencoded::byte_serialize(call.derived_key.as_bytes()).collect();
+        let url = template.replace("{derived_key}", &encoded);
+        let response = self
+            .client
+            .get(url)
+            .timeout(self.timeout)
+            .headers(self.static_headers.clone())
+            .send()
+            .await;
+        match response {
+            Ok(r) if r.status() == StatusCode::OK => {
+                let result = self.read(r).await.ok()?;
+                tracing::info!(identity = %call.identity, "lookup found the charge; settling the key");
+                Some(HandlerOutcome::Success(result))
+            }
+            Ok(r) => {
+                tracing::info!(identity = %call.identity, status = %r.status(), "lookup found no charge; sending the request again");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(identity = %call.identity, error = %e.without_url(), "lookup failed; sending the request again");
+                None
+            }
+        }
+    }
+
+    /// The answer's status and body, at most `max_response_bytes` of it.
+    async fn read(&self, mut response: Response) -> Result<HandlerResult, reqwest::Error> {
+        let status = i32::from(response.status().as_u16());
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await? {
+            if body.len() + chunk.len() > self.max_response_bytes {
+                tracing::warn!(
+                    status,
+                    limit = self.max_response_bytes,
+                    "provider answer too long; its body is not stored"
+                );
+                return Ok(HandlerResult {
+                    status,
+                    body: Vec::new(),
+                    content_type: None,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(HandlerResult {
+            status,
+            body,
+            content_type,
+        })
+    }
+
+    fn classify(&self, uncertain: bool, result: HandlerResult) -> HandlerOutcome {
+        let status = StatusCode::from_u16(result.status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+        let code = status.as_u16();
+        let summary = || {
+            let text = String::from_utf8_lossy(&result.body);
+            let text: String = text.chars().take(200).collect();
+            format!("provider answered {status}: {text}")
+        };
+        if status.is_success() {
+            return HandlerOutcome::Success(result);
+        }
+        let fault = |reason| HandlerOutcome::Fault {
+            status: Some(result.status),
+            reason,
+            error: summary(),
+        };
+        if status.is_redirection() {
+            return fault(FaultReason::Redirect);
+        }
+        if self.fault_statuses.contains(&code) {
+            return fault(match code {
+                401 => FaultReason::Unauthorized,
+                403 => FaultReason::Forbidden,
+                404 => FaultReason::NotFound,
+                405 => FaultReason::MethodNotAllowed,
+                _ => FaultReason::Other,
+            });
+        }
+        let retryable = matches!(code, 408 | 409 | 429) || status.is_server_error();
+        if retryable || (uncertain && code == 422) || !status.is_client_error() {
+            return HandlerOutcome::Transient {
+                status: Some(result.status),
+                error: summary(),
+            };
+        }
+        HandlerOutcome::Permanent(result)
     }
 }
 
 #[async_trait]
 impl Handler for HttpHandler {
     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome {
+        if call.uncertain {
+            if let Some(settled) = self.look_up(call).await {
+                return settled;
+            }
+        }
         let sent = self
             .client
-            .post(self.url.clone())
+            .post(self.target(call).clone())
             .timeout(self.timeout)
-            .header("Idempotency-Key", call.derived_key)
-            .header("X-Dedupq-Attempt", call.attempt.to_string())
-            .header("X-Dedupq-Epoch", call.epoch.to_string())
-            .header("X-Dedupq-Owner", call.owner)
-            .json(call.body)
+            .headers(self.request_headers(call))
+            .body(call.request.body.to_vec())
             .send()
             .await;
         let response = match sent {
             Ok(r) => r,
+            // The error text never carries the URL: it may hold credentials.
             Err(e) if e.is_connect() => {
                 return HandlerOutcome::Transient {
                     status: None,
-                    error: format!("connecting to the provider failed: {e}"),
+                    error: format!("connecting to the provider failed: {}", e.without_url()),
                 }
             }
             Err(e) => {
                 return HandlerOutcome::Unknown {
-                    error: format!("no answer after sending the request: {e}"),
+                    error: format!("no answer after sending the request: {}", e.without_url()),
                 }
             }
         };
         let status = response.status();
-        let body = match response.bytes().await {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| json!({ "raw": String::from_utf8_lossy(&bytes) })),
-            Err(e) if status.is_success() => json!({ "unread_body": e.to_string() }),
-            Err(e) => Value::String(e.to_string()),
-        };
-        classify(status, body)
-    }
-}
-
-fn classify(status: StatusCode, body: Value) -> HandlerOutcome {
-    let result = HandlerResult {
-        status: i32::from(status.as_u16()),
-        body,
-    };
-    let retryable = matches!(
-        status,
-        StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
-    );
-    if status.is_success() {
-        HandlerOutcome::Success(result)
-    } else if status.is_server_error() || retryable {
-        HandlerOutcome::Transient {
-            status: Some(result.status),
-            error: format!("provider answered {status}: {}", result.body),
+        match self.read(response).await {
+            Ok(result) => self.classify(call.uncertain, result),
+            // The provider answered success but the body broke off: it did
+            // act, and what it said is lost.
+            Err(e) if status.is_success() => {
+                tracing::warn!(error = %e.without_url(), "provider answered success but its body could not be read; stored without it");
+                HandlerOutcome::Success(HandlerResult {
+                    status: i32::from(status.as_u16()),
+                    body: Vec::new(),
+                    content_type: None,
+                })
+            }
+            Err(e) => HandlerOutcome::Unknown {
+                error: format!("the answer ({status}) broke off: {}", e.without_url()),
+            },
         }
-    } else {
-        HandlerOutcome::Permanent(result)
     }
 }
 
@@ -113,23 +358,49 @@ fn classify(status: StatusCode, body: Value) -> HandlerOutcome {
 mod tests {
     use super::*;
 
-    #[test]
-    fn status_codes_map_to_outcomes() {
-        let kind = |code: u16| match classify(StatusCode::from_u16(code).unwrap(), Value::Null) {
+    fn kind(uncertain: bool, code: u16) -> &'static str {
+        let h = HttpHandler::new(&HandlerSettings::default()).unwrap();
+        let result = HandlerResult {
+            status: i32::from(code),
+            body: b"{}".to_vec(),
+            content_type: None,
+        };
+        match h.classify(uncertain, result) {
             HandlerOutcome::Success(_) => "success",
             HandlerOutcome::Permanent(_) => "permanent",
             HandlerOutcome::Transient { .. } => "transient",
             HandlerOutcome::Unknown { .. } => "unknown",
-        };
-        assert_eq!(kind(200), "success");
-        assert_eq!(kind(201), "success");
-        assert_eq!(kind(400), "permanent");
-        assert_eq!(kind(402), "permanent");
-        assert_eq!(kind(422), "permanent");
-        assert_eq!(kind(408), "transient");
-        assert_eq!(kind(409), "transient");
-        assert_eq!(kind(429), "transient");
-        assert_eq!(kind(500), "transient");
-        assert_eq!(kind(503), "transient");
+            HandlerOutcome::Fault { .. } => "fault",
+        }
+    }
+
+    #[test]
+    fn status_codes_map_to_outcomes() {
+        for (code, first, after_unknown) in [
+            (200, "success", "success"),
+            (201, "success", "success"),
+            (400, "permanent", "permanent"),
+            (402, "permanent", "permanent"),
+            (422, "permanent", "transient"),
+            (408, "transient", "transient"),
+            (409, "transient", "transient"),
+            (429, "transient", "transient"),
+            (500, "transient", "transient"),
+            (503, "transient", "transient"),
+            (301, "fault", "fault"),
+            (302, "fault", "fault"),
+            (307, "fault", "fault"),
+            (401, "fault", "fault"),
+            (403, "fault", "fault"),
+            (404, "fault", "fault"),
+            (405, "fault", "fault"),
+        ] {
+            assert_eq!(kind(false, code), first, "{code} on a first attempt");
+            assert_eq!(
+                kind(true, code),
+                after_unknown,
+                "{code} after an unknown attempt"
+            );
+        }
     }
 }

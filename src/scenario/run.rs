@@ -84,6 +84,7 @@ timeout = "2s"
 topics = ["{topic}"]
 brokers = "{brokers}"
 group_id = "{group}"
+create_topics = true
 
 [amqp]
 queues = ["{queue}"]

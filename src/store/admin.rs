@@ -4,13 +4,14 @@ use super::{KeyStatus, Store, StoreError};
 use crate::identity::Identity;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 const COLUMNS: &str =
     "tenant, key, encode(fingerprint, 'hex') AS fingerprint, fingerprint_version, \
-    status, epoch, lease_until, owner, attempts, result_status, result_body, last_error, \
+    status, epoch, lease_until, owner, attempts, result_status, result_body, \
+    result_content_type, derived_key, last_error, \
     created_at, updated_at, completed_at";
 
 #[derive(Debug, Clone, Serialize)]
@@ -25,7 +26,11 @@ pub struct KeyRow {
     pub owner: String,
     pub attempts: i32,
     pub result_status: Option<i32>,
-    pub result_body: Option<Value>,
+    /// The stored answer: its JSON verbatim when it is JSON, else
+    /// `{"base64": …}`.
+    pub result_body: Option<Box<RawValue>>,
+    pub result_content_type: Option<String>,
+    pub derived_key: Option<String>,
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -45,13 +50,31 @@ impl KeyRow {
             owner: row.try_get("owner")?,
             attempts: row.try_get("attempts")?,
             result_status: row.try_get("result_status")?,
-            result_body: row.try_get("result_body")?,
+            result_body: row
+                .try_get::<Option<Vec<u8>>, _>("result_body")?
+                .map(|b| body_for_display(&b)),
+            result_content_type: row.try_get("result_content_type")?,
+            derived_key: row.try_get("derived_key")?,
             last_error: row.try_get("last_error")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
             completed_at: row.try_get("completed_at")?,
         })
     }
+}
+
+/// A stored answer shown to an operator: its JSON verbatim when it is
+/// strict JSON (numbers as written), else its bytes in base64.
+pub fn body_for_display(bytes: &[u8]) -> Box<RawValue> {
+    let verbatim = crate::json::parse(bytes)
+        .ok()
+        .and_then(|_| RawValue::from_string(String::from_utf8_lossy(bytes).into_owned()).ok());
+    verbatim.unwrap_or_else(|| {
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+        let text = serde_json::json!({ "base64": encoded }).to_string();
+        RawValue::from_string(text).expect("serde_json writes valid JSON")
+    })
 }
 
 /// Which keys `keys list` shows.

@@ -4,26 +4,34 @@ use super::{secs, sorted_order, KeyStatus, Store, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::identity::{Epoch, Identity};
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::Row;
 use std::time::Duration;
 
 /// Insert every key; where it exists, take it over only if it is open
-/// (in_progress or unknown), its lease is over and it is the same operation.
-/// The outer SELECT reads the table as of the statement's snapshot (it does
-/// not see the CTE's writes), which tells duplicates, held keys and
-/// conflicts apart in the same round trip.
+/// (in_progress or unknown), its lease is over (an unknown key held for an
+/// operator has none) and it is the same operation. The outer SELECT reads
+/// the table as of the statement's snapshot (it does not see the CTE's
+/// writes), which tells duplicates, held keys and conflicts apart, and
+/// what the previous attempt left, in the same round trip.
+///
+/// A new key stores the request of its first attempt (bytes, content type,
+/// derived key); a takeover returns that stored request so the retry sends
+/// exactly it.
 const CLAIM_SQL: &str = r#"
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[])
-        WITH ORDINALITY AS i(tenant, key, fingerprint, fingerprint_version, ord)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
+                         $5::bytea[], $6::text[], $7::text[])
+        WITH ORDINALITY AS i(tenant, key, fingerprint, fingerprint_version,
+                             request_body, request_content_type, derived_key, ord)
 ),
 claimed AS (
     INSERT INTO dedupq_keys AS k
         (tenant, key, fingerprint, fingerprint_version, status, epoch,
-         lease_until, owner, attempts)
+         lease_until, owner, attempts, attempt_open,
+         request_body, request_content_type, derived_key)
     SELECT tenant, key, fingerprint, fingerprint_version, 'in_progress', 1,
-           now() + make_interval(secs => $5), $6, 1
+           now() + make_interval(secs => $8), $9, 1, true,
+           request_body, request_content_type, derived_key
     FROM input ORDER BY ord
     ON CONFLICT (tenant, key) DO UPDATE SET
         status = 'in_progress',
@@ -31,46 +39,96 @@ claimed AS (
         lease_until = EXCLUDED.lease_until,
         owner = EXCLUDED.owner,
         attempts = k.attempts + 1,
+        attempt_open = true,
         updated_at = now()
     WHERE (k.status IN ('in_progress', 'unknown'))
       AND (k.lease_until <= now())
       AND ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
            OR (k.fingerprint = EXCLUDED.fingerprint))
-    RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted
+    RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted,
+              CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
+              CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
+              CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key
 )
 SELECT i.ord,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
-       k.status, k.fingerprint, k.fingerprint_version, k.lease_until,
-       k.result_status, k.result_body
+       c.stored_body, c.stored_content_type, c.stored_derived_key,
+       k.status, k.fingerprint, k.fingerprint_version, k.lease_until, k.attempts,
+       ((k.status = 'unknown') OR k.attempt_open) AS uncertain,
+       k.result_status, k.result_body, k.result_content_type
 FROM input i
 LEFT JOIN claimed c ON c.tenant = i.tenant AND c.key = i.key
 LEFT JOIN dedupq_keys k ON k.tenant = i.tenant AND k.key = i.key
 ORDER BY i.ord
 "#;
 
+/// One message to claim: its identity and operation, and the request a
+/// new key stores for every later attempt.
 pub struct ClaimRequest<'a> {
     pub identity: &'a Identity,
     pub fingerprint: &'a Fingerprint,
+    pub body: &'a [u8],
+    pub content_type: Option<&'a str>,
+    pub derived_key: &'a str,
 }
 
-/// What a finished key stored; replayed to duplicates.
+/// What a finished key stored; replayed to duplicates. `Unknown` is the
+/// answer for a key held for an operator (no body).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResult {
     pub status: KeyStatus,
     pub result_status: i32,
-    pub body: Value,
+    /// The provider's answer, byte for byte.
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+}
+
+impl StoredResult {
+    /// The answer for a key whose outcome is unknown and held.
+    pub fn unknown() -> Self {
+        Self {
+            status: KeyStatus::Unknown,
+            result_status: 0,
+            body: Vec::new(),
+            content_type: None,
+        }
+    }
+}
+
+/// The request the key's first attempt stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRequest {
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+    pub derived_key: String,
+}
+
+/// This worker owns the key now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub epoch: Epoch,
+    pub attempts: i32,
+    /// An earlier attempt may have had its effect (its outcome was unknown,
+    /// or its worker died mid-call): only a settling answer ends the key.
+    pub uncertain: bool,
+    /// For a takeover: the request of the first attempt, to send again.
+    /// None for a new key (or a row stored before requests were kept).
+    pub stored_request: Option<StoredRequest>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimResult {
     /// New key: this worker owns it.
-    Won { epoch: Epoch, attempts: i32 },
+    Won(Claim),
     /// The previous owner's lease was over: this worker owns it now.
-    TakenOver { epoch: Epoch, attempts: i32 },
+    TakenOver(Claim),
     /// Finished before, same operation: replay the stored result.
     Duplicate(StoredResult),
     /// Someone else holds a live lease on it.
     Held { lease_until: DateTime<Utc> },
+    /// Its outcome stayed unknown through every allowed attempt: held for
+    /// an operator, never run again on its own.
+    HeldUnknown { attempts: i32 },
     /// Same key, different operation.
     Conflict,
     /// A concurrent claimer committed the row after this statement's
@@ -110,12 +168,19 @@ impl Store {
             .iter()
             .map(|&i| requests[i].fingerprint.version)
             .collect();
+        let bodies: Vec<&[u8]> = order.iter().map(|&i| requests[i].body).collect();
+        let content_types: Vec<Option<&str>> =
+            order.iter().map(|&i| requests[i].content_type).collect();
+        let derived: Vec<&str> = order.iter().map(|&i| requests[i].derived_key).collect();
 
         let rows = sqlx::query(CLAIM_SQL)
             .bind(&tenants)
             .bind(&keys)
             .bind(&digests)
             .bind(&versions)
+            .bind(&bodies)
+            .bind(&content_types)
+            .bind(&derived)
             .bind(secs(lease))
             .bind(owner)
             .fetch_all(self.pool())
@@ -136,17 +201,27 @@ pub(super) fn classify(
     fingerprint: &Fingerprint,
 ) -> Result<ClaimResult, StoreError> {
     if let Some(epoch) = row.try_get::<Option<i64>, _>("claimed_epoch")? {
-        let attempts: i32 = row.try_get("claimed_attempts")?;
-        return Ok(if row.try_get::<bool, _>("inserted")? {
-            ClaimResult::Won {
-                epoch: Epoch(epoch),
-                attempts,
-            }
+        let inserted: bool = row.try_get("inserted")?;
+        let stored_request = match row.try_get::<Option<Vec<u8>>, _>("stored_body")? {
+            Some(body) => Some(StoredRequest {
+                body,
+                content_type: row.try_get("stored_content_type")?,
+                derived_key: row
+                    .try_get::<Option<String>, _>("stored_derived_key")?
+                    .unwrap_or_default(),
+            }),
+            None => None,
+        };
+        let claim = Claim {
+            epoch: Epoch(epoch),
+            attempts: row.try_get("claimed_attempts")?,
+            uncertain: !inserted && row.try_get::<Option<bool>, _>("uncertain")?.unwrap_or(true),
+            stored_request: stored_request.filter(|r| !r.derived_key.is_empty()),
+        };
+        return Ok(if inserted {
+            ClaimResult::Won(claim)
         } else {
-            ClaimResult::TakenOver {
-                epoch: Epoch(epoch),
-                attempts,
-            }
+            ClaimResult::TakenOver(claim)
         });
     }
     let Some(status) = row.try_get::<Option<String>, _>("status")? else {
@@ -154,11 +229,15 @@ pub(super) fn classify(
     };
     let stored_digest: Vec<u8> = row.try_get("fingerprint")?;
     let stored_version: i16 = row.try_get("fingerprint_version")?;
-    // A row stored under another fingerprint definition cannot be compared;
-    // the key alone decides (see FingerprintSpec::version).
-    if stored_version == fingerprint.version && stored_digest != fingerprint.digest {
-        return Ok(ClaimResult::Conflict);
+    // A row stored under another field set cannot be compared: the key
+    // alone decides (see FingerprintSpec::version). Version-1 rows are
+    // compared with the message's version-1 digest.
+    if let Some(digest) = fingerprint.digest_for(stored_version) {
+        if stored_digest != digest[..] {
+            return Ok(ClaimResult::Conflict);
+        }
     }
+    let lease_until = row.try_get::<Option<DateTime<Utc>>, _>("lease_until")?;
     Ok(match KeyStatus::parse(&status)? {
         status @ (KeyStatus::Done | KeyStatus::Failed) => ClaimResult::Duplicate(StoredResult {
             status,
@@ -166,13 +245,15 @@ pub(super) fn classify(
                 .try_get::<Option<i32>, _>("result_status")?
                 .unwrap_or_default(),
             body: row
-                .try_get::<Option<Value>, _>("result_body")?
-                .unwrap_or(Value::Null),
+                .try_get::<Option<Vec<u8>>, _>("result_body")?
+                .unwrap_or_default(),
+            content_type: row.try_get("result_content_type")?,
         }),
+        KeyStatus::Unknown if lease_until.is_none() => ClaimResult::HeldUnknown {
+            attempts: row.try_get("attempts")?,
+        },
         KeyStatus::InProgress | KeyStatus::Unknown => ClaimResult::Held {
-            lease_until: row
-                .try_get::<Option<DateTime<Utc>>, _>("lease_until")?
-                .unwrap_or_else(Utc::now),
+            lease_until: lease_until.unwrap_or_else(Utc::now),
         },
     })
 }

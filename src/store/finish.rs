@@ -3,7 +3,6 @@
 
 use super::{sorted_order, Store, StoreError};
 use crate::identity::{Epoch, Identity};
-use serde_json::Value;
 use sqlx::Row;
 
 #[cfg(not(feature = "broken-no-fencing"))]
@@ -14,7 +13,9 @@ const EPOCH_FENCE: &str = "AND k.epoch = u.epoch";
 const EPOCH_FENCE: &str = "";
 
 /// One statement for a batch of finishes of any kind. `in_progress` with a
-/// lease ending now is a release: the next delivery takes over at once.
+/// lease ending now is a release: the next delivery takes over at once. An
+/// unknown outcome held for an operator has no lease at all, so no claim
+/// takes it over. A fault refunds the attempt it used.
 ///
 /// "Still open" is spelled `completed_at IS NULL` (equivalent by the
 /// table's CHECK) rather than by status: a status filter matches the
@@ -29,13 +30,18 @@ fn finish_sql() -> &'static str {
 UPDATE dedupq_keys AS k SET
     status = u.status,
     result_status = u.result_status,
-    result_body = u.result_body::jsonb,
+    result_body = u.result_body,
+    result_content_type = u.result_content_type,
     last_error = u.error,
-    lease_until = CASE WHEN u.status IN ('done', 'failed') THEN NULL ELSE now() END,
+    lease_until = CASE WHEN u.status IN ('done', 'failed') OR u.hold THEN NULL ELSE now() END,
     completed_at = CASE WHEN u.status IN ('done', 'failed') THEN now() ELSE NULL END,
+    attempts = k.attempts - u.refund,
+    attempt_open = false,
     updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int4[], $6::text[], $7::text[])
-    WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body, error, ord)
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int4[], $6::bytea[],
+            $7::text[], $8::text[], $9::bool[], $10::int4[])
+    WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body,
+                         result_content_type, error, hold, refund, ord)
 WHERE k.tenant = u.tenant AND k.key = u.key
   AND k.completed_at IS NULL
   {EPOCH_FENCE}
@@ -49,24 +55,90 @@ RETURNING u.ord
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finish {
     /// The handler succeeded: store and replay the result.
-    Done { status: i32, body: Value },
+    Done(Answer),
     /// The handler failed for good (declined, 4xx): stored and replayed too.
-    Failed { status: i32, body: Value },
-    /// A transient failure: give the key up so the next delivery takes over.
-    Release { error: String },
-    /// The call may or may not have had its effect: retry with the same key.
-    Unknown { error: String },
+    Failed(Answer),
+    /// Nothing happened (a transient failure, or a configuration fault):
+    /// give the key up so the next delivery takes over. `refund` gives the
+    /// attempt back (a fault says nothing about the payment).
+    Release { error: String, refund: bool },
+    /// The call may or may not have had its effect: retry with the same
+    /// request. `hold`: no more attempts; wait for an operator.
+    Unknown {
+        error: String,
+        hold: bool,
+        refund: bool,
+    },
+}
+
+/// A stored answer: status and body byte for byte.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub status: i32,
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+}
+
+/// Longest `last_error` kept.
+const MAX_ERROR: usize = 2048;
+
+/// Text columns refuse NUL; errors may quote whatever a provider sent.
+pub(super) fn clean_text(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().filter(|c| *c != '\0').collect();
+    if out.len() > max {
+        let mut end = max;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    out
+}
+
+struct Columns<'a> {
+    status: &'static str,
+    result: Option<&'a Answer>,
+    error: Option<String>,
+    hold: bool,
+    refund: i32,
 }
 
 impl Finish {
-    fn columns(&self) -> (&'static str, Option<i32>, Option<String>, Option<&str>) {
+    fn columns(&self) -> Columns<'_> {
+        let error = |e: &str| Some(clean_text(e, MAX_ERROR));
         match self {
-            Finish::Done { status, body } => ("done", Some(*status), Some(body.to_string()), None),
-            Finish::Failed { status, body } => {
-                ("failed", Some(*status), Some(body.to_string()), None)
-            }
-            Finish::Release { error } => ("in_progress", None, None, Some(error)),
-            Finish::Unknown { error } => ("unknown", None, None, Some(error)),
+            Finish::Done(o) => Columns {
+                status: "done",
+                result: Some(o),
+                error: None,
+                hold: false,
+                refund: 0,
+            },
+            Finish::Failed(o) => Columns {
+                status: "failed",
+                result: Some(o),
+                error: None,
+                hold: false,
+                refund: 0,
+            },
+            Finish::Release { error: e, refund } => Columns {
+                status: "in_progress",
+                result: None,
+                error: error(e),
+                hold: false,
+                refund: i32::from(*refund),
+            },
+            Finish::Unknown {
+                error: e,
+                hold,
+                refund,
+            } => Columns {
+                status: "unknown",
+                result: None,
+                error: error(e),
+                hold: *hold,
+                refund: i32::from(*refund),
+            },
         }
     }
 }
@@ -88,23 +160,35 @@ impl Store {
         let order = sorted_order(writes, |w| {
             (w.identity.tenant.as_str(), w.identity.key.as_str())
         });
-        let mut tenants = Vec::with_capacity(writes.len());
-        let mut keys = Vec::with_capacity(writes.len());
-        let mut epochs = Vec::with_capacity(writes.len());
-        let mut statuses = Vec::with_capacity(writes.len());
-        let mut result_statuses = Vec::with_capacity(writes.len());
-        let mut bodies = Vec::with_capacity(writes.len());
-        let mut errors = Vec::with_capacity(writes.len());
+        let n = writes.len();
+        let mut tenants = Vec::with_capacity(n);
+        let mut keys = Vec::with_capacity(n);
+        let mut epochs = Vec::with_capacity(n);
+        let mut statuses = Vec::with_capacity(n);
+        let mut result_statuses = Vec::with_capacity(n);
+        let mut bodies: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+        let mut content_types: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut holds = Vec::with_capacity(n);
+        let mut refunds = Vec::with_capacity(n);
+        let columns: Vec<Columns<'_>> = writes.iter().map(|w| w.finish.columns()).collect();
         for &i in &order {
             let w = &writes[i];
-            let (status, result_status, body, error) = w.finish.columns();
+            let c = &columns[i];
             tenants.push(w.identity.tenant.as_str());
             keys.push(w.identity.key.as_str());
             epochs.push(w.epoch.0);
-            statuses.push(status);
-            result_statuses.push(result_status);
-            bodies.push(body);
-            errors.push(error);
+            statuses.push(c.status);
+            result_statuses.push(c.result.map(|r| r.status));
+            bodies.push(c.result.map(|r| r.body.as_slice()));
+            content_types.push(
+                c.result
+                    .and_then(|r| r.content_type.as_deref())
+                    .map(|t| clean_text(t, 255)),
+            );
+            errors.push(c.error.clone());
+            holds.push(c.hold);
+            refunds.push(c.refund);
         }
         let rows = sqlx::query(finish_sql())
             .bind(&tenants)
@@ -113,10 +197,13 @@ impl Store {
             .bind(&statuses)
             .bind(&result_statuses)
             .bind(&bodies)
+            .bind(&content_types)
             .bind(&errors)
+            .bind(&holds)
+            .bind(&refunds)
             .fetch_all(self.pool())
             .await?;
-        let mut landed = vec![false; writes.len()];
+        let mut landed = vec![false; n];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;
             landed[order[(ord - 1) as usize]] = true;

@@ -10,10 +10,10 @@ mod maintenance;
 mod transactional;
 
 pub use admin::{KeyFilter, KeyRow};
-pub use claim::{ClaimRequest, ClaimResult, StoredResult};
+pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
-pub use finish::{Finish, FinishWrite};
+pub use finish::{Answer, Finish, FinishWrite};
 pub use transactional::TxClaim;
 
 use serde::Serialize;

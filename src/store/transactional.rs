@@ -10,22 +10,27 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 const TX_CLAIM_SQL: &str = r#"
 INSERT INTO dedupq_keys
-    (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts)
-VALUES ($1, $2, $3, $4, 'in_progress', 1, NULL, $5, 1)
+    (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner,
+     attempts, attempt_open, request_body, request_content_type, derived_key)
+VALUES ($1, $2, $3, $4, 'in_progress', 1, NULL, $5, 1, true, $6, $7, $8)
 ON CONFLICT (tenant, key) DO NOTHING
 RETURNING epoch
 "#;
 
 const READ_ONE_SQL: &str = r#"
 SELECT NULL::int8 AS claimed_epoch, NULL::int4 AS claimed_attempts, NULL::bool AS inserted,
-       status, fingerprint, fingerprint_version, lease_until, result_status, result_body
+       NULL::bytea AS stored_body, NULL::text AS stored_content_type,
+       NULL::text AS stored_derived_key,
+       status, fingerprint, fingerprint_version, lease_until, attempts,
+       ((status = 'unknown') OR attempt_open) AS uncertain,
+       result_status, result_body, result_content_type
 FROM dedupq_keys WHERE tenant = $1 AND key = $2
 "#;
 
 const TX_FINISH_SQL: &str = r#"
 UPDATE dedupq_keys SET
-    status = $3, result_status = $4, result_body = $5::jsonb,
-    completed_at = now(), updated_at = now()
+    status = $3, result_status = $4, result_body = $5, result_content_type = $6,
+    attempt_open = false, completed_at = now(), updated_at = now()
 WHERE tenant = $1 AND key = $2 AND status = 'in_progress'
 "#;
 
@@ -50,6 +55,9 @@ impl Store {
             .bind(&request.fingerprint.digest[..])
             .bind(request.fingerprint.version)
             .bind(owner)
+            .bind(request.body)
+            .bind(request.content_type)
+            .bind(request.derived_key)
             .fetch_optional(&mut *tx)
             .await?;
         if inserted.is_some() {
@@ -78,7 +86,8 @@ impl Store {
             .bind(id.key.as_str())
             .bind(result.status.as_str())
             .bind(result.result_status)
-            .bind(result.body.to_string())
+            .bind(&result.body)
+            .bind(result.content_type.as_deref())
             .execute(conn)
             .await?;
         Ok(())

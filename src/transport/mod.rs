@@ -2,4 +2,5 @@
 //! decisions (commit/ack, dead-letter, retry later). No SQL here.
 
 pub mod amqp;
+pub mod envelope;
 pub mod kafka;

@@ -66,6 +66,7 @@ async fn the_same_payment_via_kafka_and_via_rabbitmq_is_charged_once() {
     let settings = amqp::settings(QueueType::Quorum);
     let topic = support::unique("dqt_pay");
     create_topic(&topic).await;
+    create_topic(&format!("{topic}.dlq")).await;
     let mut config = base_config(&store, &provider);
     config.insert("amqp".into(), amqp::config_section(&settings));
     let kafka: toml::Table = format!(

@@ -15,10 +15,8 @@ fn transient() -> HandlerOutcome {
 #[tokio::test]
 async fn a_permanent_failure_is_stored_and_replayed_without_running_again() {
     let (store, _) = support::isolated_store().await;
-    let declined = HandlerOutcome::Permanent(HandlerResult {
-        status: 402,
-        body: json!({"error": "card declined"}),
-    });
+    let declined =
+        HandlerOutcome::Permanent(HandlerResult::json(402, &json!({"error": "card declined"})));
     let handler = Arc::new(Recording::scripted(vec![declined]));
     let engine = support::engine(&store, handler.clone(), support::fast_options());
     let msg = support::message("acme", "declined", r#"{"amount": 1}"#);

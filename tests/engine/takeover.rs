@@ -2,7 +2,7 @@ use crate::support::{self, handlers::Recording};
 use dedupq::config::IdentitySettings;
 use dedupq::engine::{Outcome, Parser};
 use dedupq::identity::Epoch;
-use dedupq::store::{ClaimRequest, ClaimResult, Finish, FinishWrite, KeyStatus};
+use dedupq::store::{Answer, Claim, ClaimResult, Finish, FinishWrite, KeyStatus};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,20 +17,19 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
     let parsed = Parser::new(&IdentitySettings::default())
         .parse(&msg)
         .unwrap();
-    let request = ClaimRequest {
-        identity: &parsed.identity,
-        fingerprint: &parsed.fingerprint,
-    };
+    let request = support::claim_request(&parsed, &msg);
     let crashed = store
         .claim_batch(&[request], "crashed-worker", Duration::from_secs(1))
         .await
         .unwrap();
     assert_eq!(
         crashed,
-        vec![ClaimResult::Won {
+        vec![ClaimResult::Won(Claim {
             epoch: Epoch(1),
-            attempts: 1
-        }]
+            attempts: 1,
+            uncertain: false,
+            stored_request: None,
+        })]
     );
 
     let handler = Arc::new(Recording::with_delay(Duration::from_millis(1500)));
@@ -66,10 +65,11 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
         .finish_batch(&[FinishWrite {
             identity: &parsed.identity,
             epoch: Epoch(1),
-            finish: Finish::Done {
+            finish: Finish::Done(Answer {
                 status: 200,
-                body: json!({"stale": true}),
-            },
+                body: json!({"stale": true}).to_string().into_bytes(),
+                content_type: None,
+            }),
         }])
         .await
         .unwrap();
@@ -92,7 +92,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
     assert_eq!(row.status, KeyStatus::Done);
     assert_eq!(row.epoch, 2);
     assert_eq!(
-        row.result_body.unwrap()["tenant"],
+        support::json_of(row.result_body.unwrap().get().as_bytes())["tenant"],
         "acme",
         "the new owner's result stays"
     );
@@ -123,10 +123,7 @@ async fn a_fenced_completion_is_reported_as_lease_lost_and_counted() {
         .await
         .unwrap()
         .unwrap();
-    let request = ClaimRequest {
-        identity: &parsed.identity,
-        fingerprint: &parsed.fingerprint,
-    };
+    let request = support::claim_request(&parsed, &msg);
     let thief = store
         .claim_batch(&[request], "other", Duration::from_secs(30))
         .await

@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 fn replayed_tenant(action: &Action) -> String {
     match action {
-        Action::Commit { reply: Some(r) } => r.body["tenant"].as_str().unwrap().to_string(),
+        Action::Commit { reply: Some(r) } => support::json_of(&r.body)["tenant"]
+            .as_str()
+            .unwrap()
+            .to_string(),
         other => panic!("expected a commit with a result, got {other:?}"),
     }
 }

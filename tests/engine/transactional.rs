@@ -19,7 +19,8 @@ impl TransactionalHandler for PlaceOrder {
         conn: &mut PgConnection,
         call: &HandlerCall<'_>,
     ) -> Result<HandlerResult, TxFailure> {
-        let amount = call.body["amount"].as_i64().unwrap_or(0);
+        let body: serde_json::Value = call.json().unwrap_or_default();
+        let amount = body["amount"].as_i64().unwrap_or(0);
         sqlx::query("INSERT INTO orders (tenant, key, amount) VALUES ($1, $2, $3)")
             .bind(call.identity.tenant.as_str())
             .bind(call.identity.key.as_str())
@@ -29,15 +30,15 @@ impl TransactionalHandler for PlaceOrder {
             .map_err(|e| TxFailure::Transient(e.to_string()))?;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         if amount < 0 {
-            return Err(TxFailure::Permanent(HandlerResult {
-                status: 422,
-                body: json!({"error": "negative amount"}),
-            }));
+            return Err(TxFailure::Permanent(HandlerResult::json(
+                422,
+                &json!({"error": "negative amount"}),
+            )));
         }
-        Ok(HandlerResult {
-            status: 201,
-            body: json!({"order": call.derived_key}),
-        })
+        Ok(HandlerResult::json(
+            201,
+            &json!({"order": call.derived_key}),
+        ))
     }
 }
 

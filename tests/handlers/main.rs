@@ -9,7 +9,6 @@ mod provider_latency;
 mod simulator;
 
 use dedupq::engine::{Decision, Engine, Outcome};
-use dedupq::handler::HttpHandler;
 use std::sync::Arc;
 use std::time::Duration;
 use support::process::Provider;
@@ -17,7 +16,7 @@ use support::process::Provider;
 /// An engine whose handler POSTs to `provider` with the derived key.
 pub async fn payment_engine(provider: &Provider, timeout: Duration) -> Engine {
     let (store, _) = support::isolated_store().await;
-    let handler = HttpHandler::new(&provider.charges_url(), timeout).expect("valid URL");
+    let handler = support::http_handler(&provider.charges_url(), timeout);
     support::engine(&store, Arc::new(handler), support::fast_options())
 }
 

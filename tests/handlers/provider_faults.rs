@@ -23,7 +23,7 @@ async fn a_declined_card_is_stored_failed_and_replayed_without_calling_the_provi
         Action::Commit { reply: Some(r) } => {
             assert_eq!(r.status, KeyStatus::Failed);
             assert_eq!(r.result_status, 402);
-            assert_eq!(r.body["error"], "card_declined");
+            assert_eq!(support::json_of(&r.body)["error"], "card_declined");
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -100,9 +100,10 @@ async fn a_handler_with_a_fresh_key_per_attempt_is_caught_double_charging() {
     })
     .await;
     let (store, _) = support::isolated_store().await;
-    let handler = FreshKeyEachAttempt(
-        HttpHandler::new(&provider.charges_url(), Duration::from_millis(700)).unwrap(),
-    );
+    let handler = FreshKeyEachAttempt(support::http_handler(
+        &provider.charges_url(),
+        Duration::from_millis(700),
+    ));
     let engine = support::engine(&store, Arc::new(handler), support::fast_options());
     let msg = support::message("acme", "naive-1", r#"{"amount": 9, "currency": "EUR"}"#);
 

@@ -2,7 +2,7 @@ use crate::common::{body, TENANT};
 use crate::support::handlers::Recording;
 use crate::support::kafka::{self, header_str, headers, produce, Running};
 use crate::support::{engine, fast_options, isolated_store, unique};
-use dedupq::transport::kafka::dead_letter_header as h;
+use dedupq::transport::envelope::header as h;
 use rdkafka::message::Message;
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,19 +19,24 @@ async fn a_key_held_by_a_live_lease_elsewhere_is_waited_for_and_never_committed_
         tenant: Tenant::parse(TENANT.as_bytes()).unwrap(),
         key: IdempotencyKey::parse(b"held").unwrap(),
     };
-    let fp = FingerprintSpec::default().fingerprint(&serde_json::from_slice(&body(0)).unwrap());
+    let raw = body(0);
+    let fp = FingerprintSpec::default().fingerprint(&dedupq::json::parse(&raw).unwrap(), &raw);
+    let derived = identity.derived_key();
     let claimed = store
         .claim_batch(
             &[ClaimRequest {
                 identity: &identity,
                 fingerprint: &fp,
+                body: &raw,
+                content_type: None,
+                derived_key: &derived,
             }],
             "someone-else",
             Duration::from_secs(3),
         )
         .await
         .unwrap();
-    assert!(matches!(claimed[0], ClaimResult::Won { .. }));
+    assert!(matches!(claimed[0], ClaimResult::Won(_)));
 
     let producer = kafka::producer();
     produce(&producer, &topic, 0, &headers(TENANT, "held"), &body(0)).await;

@@ -42,6 +42,9 @@ async fn keys_show_list_release_and_purge_work_against_the_real_table() {
             &[ClaimRequest {
                 identity: &parsed.identity,
                 fingerprint: &parsed.fingerprint,
+                body: &stuck.body,
+                content_type: None,
+                derived_key: &parsed.derived_key,
             }],
             "crashed",
             Duration::from_millis(1),

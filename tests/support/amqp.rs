@@ -63,7 +63,7 @@ impl Running {
         let health = Health::default();
         let task = tokio::spawn(amqp::run(
             settings.clone(),
-            engine.clone(),
+            std::sync::Arc::new(engine.clone()),
             health.clone(),
             stop.clone(),
         ));

@@ -12,6 +12,9 @@ pub struct Call {
     pub derived_key: String,
     pub attempt: u32,
     pub body: serde_json::Value,
+    /// The request bytes exactly as the handler got them.
+    pub raw: Vec<u8>,
+    pub uncertain: bool,
 }
 
 /// Succeeds after `delay`, echoing the tenant and body; or plays a script
@@ -53,15 +56,18 @@ impl Handler for Recording {
         self.calls.lock().unwrap().push(Call {
             derived_key: call.derived_key.to_string(),
             attempt: call.attempt,
-            body: call.body.clone(),
+            body: call.json().unwrap_or(serde_json::Value::Null),
+            raw: call.request.body.to_vec(),
+            uncertain: call.uncertain,
         });
         tokio::time::sleep(self.delay).await;
         if let Some(next) = self.script.lock().unwrap().pop_front() {
             return next;
         }
-        HandlerOutcome::Success(HandlerResult {
-            status: 201,
-            body: json!({ "tenant": call.identity.tenant.as_str(), "charged": call.body }),
-        })
+        let charged = call.json::<serde_json::Value>().unwrap_or_default();
+        HandlerOutcome::Success(HandlerResult::json(
+            201,
+            &json!({ "tenant": call.identity.tenant.as_str(), "charged": charged }),
+        ))
     }
 }

@@ -259,7 +259,7 @@ impl Running {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kafka::run(
             settings,
-            engine,
+            std::sync::Arc::new(engine),
             health.clone(),
             shutdown.clone(),
         ));

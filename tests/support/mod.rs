@@ -7,7 +7,6 @@ pub mod handlers;
 pub mod kafka;
 pub mod process;
 
-use chrono::Utc;
 use dedupq::config::{IdentitySettings, Settings, StoreSettings};
 use dedupq::engine::{Engine, EngineOptions, Incoming, Parser, Source};
 use dedupq::handler::Handler;
@@ -82,17 +81,43 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A delivery with the default headers (`client-id`, `idempotency-key`).
 pub fn message(tenant: &str, key: &str, body: &str) -> Incoming {
-    Incoming {
-        headers: vec![
-            ("client-id".into(), tenant.as_bytes().to_vec()),
-            ("idempotency-key".into(), key.as_bytes().to_vec()),
-        ],
-        body: body.as_bytes().to_vec(),
-        source: Source::Direct {
+    Incoming::new(
+        Source::Direct {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         },
-        received_at: Utc::now(),
+        body,
+    )
+    .with_header("client-id", tenant)
+    .with_header("idempotency-key", key)
+}
+
+/// The claim of `msg` as the engine would send it.
+pub fn claim_request<'a>(
+    parsed: &'a dedupq::engine::Parsed,
+    msg: &'a Incoming,
+) -> dedupq::store::ClaimRequest<'a> {
+    dedupq::store::ClaimRequest {
+        identity: &parsed.identity,
+        fingerprint: &parsed.fingerprint,
+        body: &msg.body,
+        content_type: msg.content_type.as_deref(),
+        derived_key: &parsed.derived_key,
     }
+}
+
+/// Stored or returned bytes read as JSON (panics if they are not).
+pub fn json_of(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes).expect("the body is JSON")
+}
+
+/// The http handler aimed at `url`, otherwise with the default settings.
+pub fn http_handler(url: &str, timeout: Duration) -> dedupq::handler::HttpHandler {
+    dedupq::handler::HttpHandler::new(&dedupq::config::HandlerSettings {
+        url: url.to_string(),
+        timeout,
+        ..Default::default()
+    })
+    .expect("valid handler settings")
 }
 
 /// Polls `check` until it returns Some, or panics after `limit`.

@@ -1,24 +1,28 @@
 //! Applying the engine's decisions to a batch: every publish a delivery
-//! needs (reply, dead letter, delay queue) is confirmed before that
-//! delivery is acked. Nothing else is ever acked.
+//! needs (dead letter, delay queue) is confirmed before that delivery is
+//! acked. A reply is tried a few times; if `reply_to` refuses it, the
+//! failure is counted and the delivery acked anyway (the outcome is stored
+//! and a duplicate replays it), so a bad reply address never stalls the
+//! queue.
 
 use super::delivery::Meta;
 use super::error::AmqpError;
-use super::headers::{self as h, int, text};
-use super::publish::{Need, Outgoing, Publisher};
+use super::headers::{self as h, table_of};
+use super::publish::{Outgoing, Publisher};
+use crate::backoff::Backoff;
 use crate::config::AmqpSettings;
 use crate::engine::{Action, Decision, Incoming};
 use crate::metrics::Metrics;
 use crate::store::StoredResult;
+use crate::transport::envelope::{self, Origin};
 use chrono::Utc;
 use lapin::options::BasicAckOptions;
-use lapin::types::FieldTable;
 use lapin::BasicProperties;
+use std::time::Duration;
 
-/// Longest `dedupq-detail` header kept; headers must fit in one frame.
-const MAX_DETAIL: usize = 1024;
-/// Dead-letter reason when a message used up `amqp.max_redeliveries`.
-pub const RETRY_LIMIT: &str = "retry_limit";
+/// Tries for a reply before it is given up.
+const REPLY_TRIES: u32 = 3;
+const REPLY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 
 pub(super) struct Applier<'a> {
     pub settings: &'a AmqpSettings,
@@ -27,40 +31,84 @@ pub(super) struct Applier<'a> {
     pub metrics: &'a Metrics,
 }
 
+/// What one delivery needs published before its ack.
+enum Plan {
+    Nothing,
+    /// Must be confirmed, or the delivery stays unacked. The label is the
+    /// dead-letter reason, counted once confirmed.
+    Required(Outgoing, Option<&'static str>),
+    /// Tried; a refusal is counted, not fatal.
+    Reply(Outgoing),
+}
+
 impl Applier<'_> {
     /// Publishes what the decisions need, waits for the confirms, then acks
-    /// the deliveries whose publishes landed. Returns the first failure (a
-    /// delivery left unacked comes back after the runner reconnects).
+    /// the deliveries whose required publishes landed. Returns how many
+    /// were acked and the first failure (a delivery left unacked comes back
+    /// after the runner reconnects).
     pub(super) async fn apply(
         &self,
         batch: Vec<Incoming>,
         metas: Vec<Meta>,
         decisions: Vec<Decision>,
-    ) -> Result<(), AmqpError> {
-        let mut plans: Vec<Option<usize>> = Vec::with_capacity(batch.len());
-        let mut outgoing = Vec::new();
-        for ((msg, meta), decision) in batch.into_iter().zip(&metas).zip(&decisions) {
-            plans.push(self.plan(msg, meta, decision).map(|out| {
-                outgoing.push(out);
-                outgoing.len() - 1
-            }));
-        }
-        let mut published = self.publisher.publish_all(&outgoing).await;
+    ) -> (usize, Result<(), AmqpError>) {
+        let plans: Vec<Plan> = batch
+            .into_iter()
+            .zip(&metas)
+            .zip(&decisions)
+            .map(|((msg, meta), d)| self.plan(msg, meta, d))
+            .collect();
+        let required: Vec<&Outgoing> = plans
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Required(out, _) => Some(out),
+                _ => None,
+            })
+            .collect();
+        let mut confirmed = self.publisher.publish_all(&required).await.into_iter();
         let mut first_error = None;
-        for (meta, plan) in metas.iter().zip(plans) {
-            if let Some(i) = plan {
-                let result = std::mem::replace(&mut published[i], Ok(()));
-                if let Err(e) = result {
-                    tracing::warn!(queue = self.queue, delivery_tag = meta.delivery_tag, error = %e, "publish failed; delivery stays unacked");
+        let mut acked = 0;
+        for (meta, plan) in metas.iter().zip(&plans) {
+            match plan {
+                Plan::Required(_, counted) => {
+                    if let Some(Err(e)) = confirmed.next() {
+                        tracing::warn!(queue = self.queue, delivery_tag = meta.delivery_tag, error = %crate::telemetry::chain(&e), "publish failed; delivery stays unacked");
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                    if let Some(reason) = counted {
+                        self.metrics.dead_letters.with_label_values(&[reason]).inc();
+                    }
+                }
+                Plan::Reply(out) => self.reply(out).await,
+                Plan::Nothing => {}
+            }
+            match self.ack(meta).await {
+                Ok(()) => acked += 1,
+                Err(e) => {
                     first_error.get_or_insert(e);
-                    continue;
                 }
             }
-            if let Err(e) = self.ack(meta).await {
-                first_error.get_or_insert(e);
+        }
+        (acked, first_error.map_or(Ok(()), Err))
+    }
+
+    /// A reply, tried a few times; never fails the delivery.
+    async fn reply(&self, out: &Outgoing) {
+        for attempt in 1..=REPLY_TRIES {
+            match self.publisher.publish_all(&[out]).await.remove(0) {
+                Ok(()) => return,
+                Err(e) if attempt == REPLY_TRIES => {
+                    self.metrics
+                        .replies_failed
+                        .with_label_values(&["amqp"])
+                        .inc();
+                    tracing::warn!(queue = self.queue, destination = %out.destination(), error = %crate::telemetry::chain(&e),
+                        "reply not delivered; the outcome stays stored");
+                }
+                Err(_) => tokio::time::sleep(REPLY_BACKOFF.after_attempt(attempt)).await,
             }
         }
-        first_error.map_or(Ok(()), Err)
     }
 
     async fn ack(&self, meta: &Meta) -> Result<(), AmqpError> {
@@ -85,66 +133,67 @@ impl Applier<'_> {
         Ok(())
     }
 
-    fn plan(&self, msg: Incoming, meta: &Meta, decision: &Decision) -> Option<Outgoing> {
+    fn plan(&self, msg: Incoming, meta: &Meta, decision: &Decision) -> Plan {
         match &decision.action {
-            Action::Commit { reply } => {
-                let stored = reply.as_ref()?;
-                let reply_to = meta.properties.reply_to().as_ref()?;
-                Some(self.reply(reply_to.as_str(), meta, decision, stored))
-            }
+            Action::Commit { reply: None } => Plan::Nothing,
+            Action::Commit {
+                reply: Some(stored),
+            } => match meta.properties.reply_to() {
+                Some(reply_to) => {
+                    Plan::Reply(self.reply_to(reply_to.as_str(), meta, decision, stored))
+                }
+                None => Plan::Nothing,
+            },
             Action::DeadLetter { reason, detail } => {
-                Some(self.dead_letter(msg, meta, decision, reason.label(), detail))
+                let origin = Origin::Amqp {
+                    queue: self.queue,
+                    delivery_tag: meta.delivery_tag,
+                    trips: meta.trips,
+                };
+                let own = envelope::dead_letter_headers(
+                    decision,
+                    reason,
+                    detail,
+                    &origin,
+                    meta.first_seen,
+                );
+                let out = Outgoing {
+                    exchange: self.settings.dead_letter_exchange.clone(),
+                    routing_key: self.queue.to_string(),
+                    payload: msg.body,
+                    properties: h::republished(&meta.properties, &own),
+                };
+                Plan::Required(out, Some(reason.label()))
             }
             Action::RetryLater { after } => {
                 let trip = meta.trips.saturating_add(1);
-                if trip > self.settings.max_redeliveries {
-                    self.metrics
-                        .dead_letters
-                        .with_label_values(&[RETRY_LIMIT])
-                        .inc();
-                    let detail = format!(
-                        "still '{}' after {} trips through the delay queue",
-                        decision.outcome.label(),
-                        meta.trips
-                    );
-                    tracing::warn!(queue = self.queue, identity = ?decision.identity.as_ref().map(|i| i.to_string()), %detail, "dead-lettering");
-                    return Some(self.dead_letter(msg, meta, decision, RETRY_LIMIT, &detail));
-                }
-                Some(self.delay(msg, meta, trip, *after))
+                let wait = self.settings.retry_delay(trip, *after);
+                let extra = vec![
+                    (h::TRIPS, trip.to_string()),
+                    (h::FIRST_SEEN, envelope::rfc3339(meta.first_seen)),
+                ];
+                let out = Outgoing {
+                    exchange: String::new(),
+                    routing_key: self.settings.delay_queue(self.queue),
+                    payload: msg.body,
+                    properties: h::republished(&meta.properties, &extra)
+                        .with_expiration(h::expiration(wait)),
+                };
+                Plan::Required(out, None)
             }
         }
     }
 
-    fn reply(
+    fn reply_to(
         &self,
         reply_to: &str,
         meta: &Meta,
         decision: &Decision,
         stored: &StoredResult,
     ) -> Outgoing {
-        let mut table = FieldTable::default();
-        table.insert(h::STATUS.into(), text(stored.status.as_str()));
-        table.insert(h::RESULT_STATUS.into(), int(stored.result_status.into()));
-        table.insert(h::OUTCOME.into(), text(decision.outcome.label()));
-        let (tenant, key) = decision
-            .identity
-            .as_ref()
-            .map(|i| (i.tenant.as_str(), i.key.as_str()))
-            .unwrap_or_default();
-        table.insert(h::TENANT.into(), text(tenant));
-        table.insert(h::KEY.into(), text(key));
-        // The same envelope as Kafka replies, so a requester reading both
-        // transports parses one shape.
-        let payload = serde_json::json!({
-            "tenant": tenant,
-            "key": key,
-            "outcome": decision.outcome.label(),
-            "status": stored.status,
-            "result_status": stored.result_status,
-            "body": stored.body,
-        });
+        let headers = envelope::reply_headers(decision, stored);
         let mut properties = BasicProperties::default()
-            .with_headers(table)
+            .with_headers(table_of(&headers))
             .with_content_type("application/json".into())
             .with_delivery_mode(2);
         let request = &meta.properties;
@@ -158,72 +207,8 @@ impl Applier<'_> {
         Outgoing {
             exchange: String::new(),
             routing_key: reply_to.to_string(),
-            payload: payload.to_string().into_bytes(),
+            payload: envelope::reply_payload(decision, stored),
             properties,
-            need: Need::Confirmed,
         }
     }
-
-    fn dead_letter(
-        &self,
-        msg: Incoming,
-        meta: &Meta,
-        decision: &Decision,
-        reason: &str,
-        detail: &str,
-    ) -> Outgoing {
-        let mut extra = vec![
-            (h::REASON, text(reason)),
-            (h::DETAIL, text(truncate(detail, MAX_DETAIL))),
-            (h::OUTCOME, text(decision.outcome.label())),
-            (h::SOURCE_QUEUE, text(self.queue)),
-            (
-                h::DELIVERY_TAG,
-                int(meta.delivery_tag.min(i64::MAX as u64) as i64),
-            ),
-            (h::FIRST_SEEN, h::rfc3339(meta.first_seen)),
-            (h::TRIPS, int(meta.trips.into())),
-        ];
-        if let Some(id) = &decision.identity {
-            extra.push((h::TENANT, text(id.tenant.as_str())));
-            extra.push((h::KEY, text(id.key.as_str())));
-        }
-        if let Some(fp) = &decision.fingerprint {
-            extra.push((h::FINGERPRINT, text(fp.hex())));
-        }
-        Outgoing {
-            exchange: self.settings.dead_letter_exchange.clone(),
-            routing_key: self.queue.to_string(),
-            payload: msg.body,
-            properties: h::republished(&meta.properties, extra),
-            need: Need::Routed,
-        }
-    }
-
-    fn delay(&self, msg: Incoming, meta: &Meta, trip: u32, after: std::time::Duration) -> Outgoing {
-        let wait = self.settings.retry_delay(trip, after);
-        let extra = vec![
-            (h::TRIPS, int(trip.into())),
-            (h::FIRST_SEEN, h::rfc3339(meta.first_seen)),
-        ];
-        Outgoing {
-            exchange: String::new(),
-            routing_key: self.settings.delay_queue(self.queue),
-            payload: msg.body,
-            properties: h::republished(&meta.properties, extra)
-                .with_expiration(h::expiration(wait)),
-            need: Need::Routed,
-        }
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }

@@ -1,18 +1,21 @@
 //! One work queue: consume with manual acks, batch the prefetch window,
-//! let the engine decide, apply the decisions. Several batches may be in
+//! let the pipeline decide, apply the decisions. Several batches may be in
 //! flight, so a slow handler does not stall the queue.
 
 use super::apply::Applier;
 use super::batch::{next_batch, Next};
 use super::delivery::receive;
 use super::error::AmqpError;
+use super::progress::Progress;
 use super::publish::Publisher;
+use crate::backoff;
 use crate::config::AmqpSettings;
-use crate::engine::{Decision, Engine, Incoming};
+use crate::engine::{Decision, Incoming, Pipeline};
 use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -20,17 +23,21 @@ use tokio_util::sync::CancellationToken;
 
 pub(super) struct Worker {
     shared: Arc<Shared>,
-    // Kept so the consuming channel lives as long as the worker.
-    _channel: Channel,
+    channel: Channel,
     consumer: Consumer,
+    /// Consuming one delivery at a time after a failed session, until
+    /// `amqp.cautious_acks` acks; then the normal prefetch.
+    cautious: bool,
 }
 
 /// What every batch task of one queue needs.
 struct Shared {
     queue: String,
     settings: Arc<AmqpSettings>,
-    engine: Engine,
+    pipeline: Arc<dyn Pipeline>,
     publisher: Publisher,
+    progress: Arc<Progress>,
+    acked: AtomicUsize,
 }
 
 impl Worker {
@@ -39,56 +46,59 @@ impl Worker {
         connection: &Connection,
         queue: &str,
         settings: Arc<AmqpSettings>,
-        engine: Engine,
+        pipeline: Arc<dyn Pipeline>,
+        progress: Arc<Progress>,
+        cautious: bool,
     ) -> Result<Self, AmqpError> {
         let publisher = Publisher::open(connection).await?;
         let channel = connection
             .create_channel()
             .await
             .map_err(AmqpError::channel("channel.open"))?;
-        // Per consumer: the window batches are collected from.
-        channel
-            .basic_qos(settings.prefetch, BasicQosOptions { global: false })
-            .await
-            .map_err(AmqpError::channel("basic.qos"))?;
-        let options = BasicConsumeOptions {
-            // Ignored by RabbitMQ.
-            no_local: false,
-            // Manual acks: a delivery is acked only after its outcome is durable.
-            no_ack: false,
-            // Competing consumers: other dedupq instances share the queue.
-            exclusive: false,
-            nowait: false,
-        };
-        // Empty tag: the broker picks a unique one.
-        let consumer = channel
-            .basic_consume(queue.into(), "".into(), options, FieldTable::default())
-            .await
-            .map_err(AmqpError::channel("basic.consume"))?;
+        let prefetch = if cautious { 1 } else { settings.prefetch };
+        let consumer = consume(&channel, queue, prefetch).await?;
+        if cautious {
+            tracing::info!(
+                queue,
+                acks = settings.cautious_acks,
+                "after a failed session: consuming one delivery at a time for a while"
+            );
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 queue: queue.to_string(),
                 settings,
-                engine,
+                pipeline,
                 publisher,
+                progress,
+                acked: AtomicUsize::new(0),
             }),
-            _channel: channel,
+            channel,
             consumer,
+            cautious,
         })
     }
 
-    /// Runs until `stop` or until a batch or the channel fails; batches in
-    /// hand are finished either way (acks on a dead channel fail harmlessly
-    /// and those deliveries come back).
+    /// Runs until `stop` or until a batch or the channel fails. Batches in
+    /// hand then get `amqp.drain_timeout` to finish; the rest are dropped
+    /// unacked and come back.
     pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), AmqpError> {
         let settings = self.shared.settings.clone();
-        let max = usize::from(settings.prefetch);
         // Fires on `stop` or on the first failed batch.
         let halt = stop.child_token();
         let failure: Arc<Mutex<Option<AmqpError>>> = Arc::default();
         let permits = Arc::new(Semaphore::new(settings.max_batches_in_flight));
         let mut tasks = JoinSet::new();
         loop {
+            if self.cautious
+                && self.shared.acked.load(Ordering::Relaxed) >= settings.cautious_acks as usize
+            {
+                while tasks.join_next().await.is_some() {}
+                if let Err(e) = self.leave_caution().await {
+                    record(&failure, e);
+                    break;
+                }
+            }
             // Waiting for a permit or for the first delivery takes nothing,
             // so being halted there loses nothing.
             let permit = tokio::select! {
@@ -98,6 +108,11 @@ impl Worker {
                     Ok(p) => p,
                     Err(_) => break,
                 },
+            };
+            let max = if self.cautious {
+                1
+            } else {
+                usize::from(settings.prefetch)
             };
             let deliveries =
                 match next_batch(&mut self.consumer, max, settings.batch_linger, &halt).await {
@@ -119,14 +134,63 @@ impl Worker {
             });
             while tasks.try_join_next().is_some() {}
         }
-        while let Some(done) = tasks.join_next().await {
-            if let Err(e) = done {
-                record(&failure, AmqpError::Task(e.to_string()));
+        let drained = tokio::time::timeout(settings.drain_timeout, async {
+            while let Some(done) = tasks.join_next().await {
+                if let Err(e) = done {
+                    record(&failure, AmqpError::Task(e.to_string()));
+                }
             }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(queue = %self.shared.queue, batches = tasks.len(),
+                "batches still running after amqp.drain_timeout; their deliveries stay unacked and come back");
+            tasks.abort_all();
         }
         let first = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
         first.map_or(Ok(()), Err)
     }
+
+    /// Enough deliveries went through one at a time: consume with the
+    /// normal prefetch again (a new consumer on the same channel; nothing
+    /// is in hand).
+    async fn leave_caution(&mut self) -> Result<(), AmqpError> {
+        self.channel
+            .basic_cancel(self.consumer.tag(), BasicCancelOptions { nowait: false })
+            .await
+            .map_err(AmqpError::channel("basic.cancel"))?;
+        self.consumer = consume(
+            &self.channel,
+            &self.shared.queue,
+            self.shared.settings.prefetch,
+        )
+        .await?;
+        self.cautious = false;
+        tracing::info!(queue = %self.shared.queue, prefetch = self.shared.settings.prefetch, "consuming with the normal prefetch again");
+        Ok(())
+    }
+}
+
+async fn consume(channel: &Channel, queue: &str, prefetch: u16) -> Result<Consumer, AmqpError> {
+    // Per consumer: the window batches are collected from.
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await
+        .map_err(AmqpError::channel("basic.qos"))?;
+    let options = BasicConsumeOptions {
+        // Ignored by RabbitMQ.
+        no_local: false,
+        // Manual acks: a delivery is acked only after its outcome is durable.
+        no_ack: false,
+        // Competing consumers: other dedupq instances share the queue.
+        exclusive: false,
+        nowait: false,
+    };
+    // Empty tag: the broker picks a unique one.
+    channel
+        .basic_consume(queue.into(), "".into(), options, FieldTable::default())
+        .await
+        .map_err(AmqpError::channel("basic.consume"))
 }
 
 fn record(slot: &Mutex<Option<AmqpError>>, e: AmqpError) {
@@ -141,45 +205,50 @@ impl Shared {
         deliveries: Vec<Delivery>,
         halt: &CancellationToken,
     ) -> Result<(), AmqpError> {
+        let key_header = self.pipeline.parser().key_header();
+        let limit = self.settings.max_redeliveries;
         let (batch, metas): (Vec<_>, Vec<_>) = deliveries
             .into_iter()
-            .map(|d| receive(&self.queue, self.engine.parser().key_header(), d))
+            .map(|d| receive(&self.queue, key_header, limit, d))
             .unzip();
+        let n = batch.len();
+        self.progress.taken(&self.queue, n);
         let redelivered = metas.iter().filter(|m| m.redelivered).count();
-        tracing::debug!(queue = %self.queue, size = batch.len(), redelivered, "batch");
+        tracing::debug!(queue = %self.queue, size = n, redelivered, "batch");
         let Some(decisions) = self.decide(&batch, halt).await else {
             // Halted during a store outage: nothing is acked; the broker
             // redelivers the batch to whoever consumes next.
+            self.progress.settled(&self.queue, n, 0);
             return Ok(());
         };
         let applier = Applier {
             settings: &self.settings,
             queue: &self.queue,
             publisher: &self.publisher,
-            metrics: self.engine.metrics(),
+            metrics: self.pipeline.metrics(),
         };
-        applier.apply(batch, metas, decisions).await
+        let (acked, result) = applier.apply(batch, metas, decisions).await;
+        self.acked.fetch_add(acked, Ordering::Relaxed);
+        self.progress.settled(&self.queue, n, acked);
+        result
     }
 
-    /// The engine's decisions, retrying the whole batch while PostgreSQL is
-    /// unreachable. The deliveries stay unacked meanwhile, so a full
+    /// The pipeline's decisions, retrying the whole batch while PostgreSQL
+    /// is unreachable. The deliveries stay unacked meanwhile, so a full
     /// prefetch window also stops the broker from pushing more.
     async fn decide(&self, batch: &[Incoming], halt: &CancellationToken) -> Option<Vec<Decision>> {
-        let backoff = self.engine.options().backoff;
-        let mut attempt = 1;
-        loop {
-            match self.engine.process(batch).await {
-                Ok(decisions) => return Some(decisions),
-                Err(e) => {
-                    let wait = backoff.after_attempt(attempt);
-                    tracing::warn!(queue = %self.queue, error = %e, attempt, ?wait, "store unavailable; batch kept unacked");
-                    tokio::select! {
-                        _ = halt.cancelled() => return None,
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                    attempt += 1;
-                }
-            }
-        }
+        let queue = &self.queue;
+        let decided = backoff::wait_out(
+            self.pipeline.backoff(),
+            halt,
+            |_| true,
+            |e, attempt, wait| {
+                tracing::warn!(%queue, error = %crate::telemetry::chain(e), attempt, ?wait,
+                    "store unavailable; batch kept unacked")
+            },
+            || self.pipeline.process(batch),
+        )
+        .await;
+        decided.ok()
     }
 }

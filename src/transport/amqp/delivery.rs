@@ -2,7 +2,7 @@
 //! logs only: producers duplicate too, so every delivery is claimed.
 
 use super::headers;
-use crate::engine::{Incoming, Source};
+use crate::engine::{Header, Incoming, Source};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::types::AMQPValue;
@@ -24,8 +24,15 @@ pub(super) struct Meta {
 /// Splits a delivery into what the engine needs and what the transport
 /// keeps.
 /// `key_header` is where the engine looks for the key (`identity.key_header`);
-/// the `message_id` property is the fallback.
-pub(super) fn receive(queue: &str, key_header: &str, delivery: Delivery) -> (Incoming, Meta) {
+/// the `message_id` property is the fallback. `retry_limit` is
+/// `amqp.max_redeliveries`: the trips a message may make through the delay
+/// queue.
+pub(super) fn receive(
+    queue: &str,
+    key_header: &str,
+    retry_limit: u32,
+    delivery: Delivery,
+) -> (Incoming, Meta) {
     let Delivery {
         delivery_tag,
         redelivered,
@@ -36,9 +43,9 @@ pub(super) fn receive(queue: &str, key_header: &str, delivery: Delivery) -> (Inc
     } = delivery;
     let received_at = Utc::now();
     let mut list = header_list(&properties);
-    if !list.iter().any(|(n, _)| n.eq_ignore_ascii_case(key_header)) {
+    if !list.iter().any(|h| h.is(key_header)) {
         if let Some(id) = properties.message_id() {
-            list.push((key_header.into(), id.as_str().as_bytes().to_vec()));
+            list.push(Header::new(key_header, id.as_str()));
         }
     }
     let table = properties.headers().as_ref();
@@ -50,27 +57,34 @@ pub(super) fn receive(queue: &str, key_header: &str, delivery: Delivery) -> (Inc
         delivery_tag,
         redelivered,
     };
-    let incoming = Incoming {
-        headers: list,
-        body: data,
-        source: Source::Amqp {
+    let mut incoming = Incoming::new(
+        Source::Amqp {
             queue: queue.to_string(),
             delivery_tag,
         },
-        received_at,
-    };
+        data,
+    );
+    incoming.headers = list;
+    incoming.content_type = meta
+        .properties
+        .content_type()
+        .as_ref()
+        .map(|c| c.as_str().to_string());
+    incoming.received_at = received_at;
+    incoming.retries = meta.trips;
+    incoming.retry_limit = Some(retry_limit);
     (incoming, meta)
 }
 
 /// Headers with a text form (strings, numbers, booleans); tables, arrays
 /// and the like cannot carry a tenant or key and are left out.
-fn header_list(properties: &BasicProperties) -> Vec<(String, Vec<u8>)> {
+fn header_list(properties: &BasicProperties) -> Vec<Header> {
     let Some(table) = properties.headers() else {
         return Vec::new();
     };
     table
         .into_iter()
-        .filter_map(|(name, value)| Some((name.to_string(), value_bytes(value)?)))
+        .filter_map(|(name, value)| Some(Header::new(name.as_str(), value_bytes(value)?)))
         .collect()
 }
 
@@ -108,6 +122,7 @@ mod tests {
         let (incoming, _) = receive(
             "q",
             "idempotency-key",
+            20,
             delivery(BasicProperties::default().with_message_id("m-1".into())),
         );
         assert_eq!(incoming.header("idempotency-key"), Some(&b"m-1"[..]));
@@ -128,7 +143,7 @@ mod tests {
         let props = BasicProperties::default()
             .with_message_id("m-1".into())
             .with_headers(table);
-        let (incoming, meta) = receive("q", "idempotency-key", delivery(props));
+        let (incoming, meta) = receive("q", "idempotency-key", 20, delivery(props));
         assert_eq!(incoming.header("idempotency-key"), Some(&b"h-1"[..]));
         assert_eq!(incoming.header("client-id"), Some(&b"42"[..]));
         assert_eq!(incoming.header("nested"), None);

@@ -1,32 +1,14 @@
-//! The headers and properties dedupq writes: trip counting for the delay
-//! queue, dead-letter records, replies. Names live here only.
+//! RabbitMQ's side of dedupq's headers: reading the trip count and first
+//! sighting back, encoding header lists as field tables, and the
+//! properties of a republished message. The names live in
+//! `transport::envelope`.
 
 use chrono::{DateTime, Utc};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use std::time::Duration;
 
-/// Trips through the delay queue so far.
-pub const TRIPS: &str = "dedupq-trips";
-/// RFC 3339 time dedupq first received the message.
-pub const FIRST_SEEN: &str = "dedupq-first-seen";
-/// Dead letters: low-cardinality reason label, and human detail.
-pub const REASON: &str = "dedupq-reason";
-pub const DETAIL: &str = "dedupq-detail";
-pub const TENANT: &str = "dedupq-tenant";
-pub const KEY: &str = "dedupq-key";
-pub const FINGERPRINT: &str = "dedupq-fingerprint";
-pub const SOURCE_QUEUE: &str = "dedupq-source-queue";
-pub const DELIVERY_TAG: &str = "dedupq-delivery-tag";
-/// The producer's `user_id` property, which the broker would refuse on a
-/// republish under dedupq's own user.
-pub const USER_ID: &str = "dedupq-user-id";
-/// Replies (also carrying tenant and key): the key's status (`done`,
-/// `failed`), the handler's status code, and the outcome label
-/// (`processed`, `duplicate`, …).
-pub const STATUS: &str = "dedupq-status";
-pub const RESULT_STATUS: &str = "dedupq-result-status";
-pub const OUTCOME: &str = "dedupq-outcome";
+pub use crate::transport::envelope::header::{FIRST_SEEN, TRIPS, USER_ID};
 
 /// Broker-written dead-letter history: dropped on republish so it does not
 /// grow with every trip (`dedupq-trips` is the count that matters).
@@ -83,7 +65,7 @@ pub fn int(value: i64) -> AMQPValue {
 /// everything kept except `expiration` and `user_id`, plus `extra` headers.
 pub fn republished(
     original: &BasicProperties,
-    extra: Vec<(&'static str, AMQPValue)>,
+    extra: &crate::transport::envelope::Headers,
 ) -> BasicProperties {
     let mut table = original.headers().clone().unwrap_or_default();
     let mut entries = table.inner().clone();
@@ -95,7 +77,7 @@ pub fn republished(
         table.insert(USER_ID.into(), text(user.as_str()));
     }
     for (name, value) in extra {
-        table.insert(name.into(), value);
+        table.insert((*name).into(), text(value.as_bytes()));
     }
     let mut p = BasicProperties::default()
         .with_headers(table)
@@ -126,8 +108,13 @@ pub fn expiration(delay: Duration) -> ShortString {
     delay.as_millis().max(1).to_string().into()
 }
 
-pub fn rfc3339(t: DateTime<Utc>) -> AMQPValue {
-    text(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+/// dedupq's headers (all text) into a field table.
+pub fn table_of(headers: &crate::transport::envelope::Headers) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (name, value) in headers {
+        table.insert((*name).into(), text(value.as_bytes()));
+    }
+    table
 }
 
 #[cfg(test)]
@@ -144,7 +131,7 @@ mod tests {
             .with_expiration("5".into())
             .with_user_id("alice".into())
             .with_correlation_id("c-1".into());
-        let p = republished(&original, vec![(TRIPS, int(3))]);
+        let p = republished(&original, &vec![(TRIPS, "3".to_string())]);
         assert_eq!(p.expiration(), &None);
         assert_eq!(p.user_id(), &None);
         assert_eq!(p.correlation_id().as_ref().map(|c| c.as_str()), Some("c-1"));

@@ -1,31 +1,19 @@
 //! Publishing with publisher confirms: a publish counts only once the
-//! broker has confirmed it (and, when it must land in a queue, routed it).
+//! broker has confirmed it and routed it to a queue (mandatory).
 
 use super::error::AmqpError;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
-
-/// What a publish must achieve before its delivery may be acked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Need {
-    /// Confirmed and routed to a queue (dead letters, delay queue).
-    Routed,
-    /// Confirmed; an unroutable reply is logged and dropped (the requester's
-    /// reply queue is gone; the result stays stored and is replayed to a
-    /// retry).
-    Confirmed,
-}
 
 pub(super) struct Outgoing {
     pub exchange: String,
     pub routing_key: String,
     pub payload: Vec<u8>,
     pub properties: BasicProperties,
-    pub need: Need,
 }
 
 impl Outgoing {
-    fn destination(&self) -> String {
+    pub(super) fn destination(&self) -> String {
         format!("exchange '{}' key '{}'", self.exchange, self.routing_key)
     }
 }
@@ -50,7 +38,7 @@ impl Publisher {
 
     /// Sends every message, then waits for all their confirms. The result
     /// of each is in input order.
-    pub(super) async fn publish_all(&self, batch: &[Outgoing]) -> Vec<Result<(), AmqpError>> {
+    pub(super) async fn publish_all(&self, batch: &[&Outgoing]) -> Vec<Result<(), AmqpError>> {
         let mut pending = Vec::with_capacity(batch.len());
         for out in batch {
             pending.push(self.send(out).await);
@@ -101,14 +89,7 @@ fn settle(out: &Outgoing, confirmation: lapin::Result<Confirmation>) -> Result<(
     match confirmation.map_err(AmqpError::channel("publisher confirm"))? {
         Confirmation::Ack(None) => Ok(()),
         Confirmation::Ack(Some(returned)) => {
-            let why = format!("returned: {}", returned.reply_text);
-            match out.need {
-                Need::Routed => Err(unconfirmed(why)),
-                Need::Confirmed => {
-                    tracing::warn!(destination = %out.destination(), %why, "reply dropped");
-                    Ok(())
-                }
-            }
+            Err(unconfirmed(format!("returned: {}", returned.reply_text)))
         }
         Confirmation::Nack(_) => Err(unconfirmed("the broker refused it (nack)".into())),
         Confirmation::NotRequested => Err(unconfirmed("confirms are not enabled".into())),

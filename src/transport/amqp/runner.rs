@@ -2,81 +2,122 @@
 //! when anything breaks, tear it all down and start again with backoff.
 //! Unacked deliveries of a dead session come back from the broker (as
 //! `redelivered`, though nothing relies on that flag) and are claimed again.
+//!
+//! A message the client library cannot parse (a property or header name
+//! that is not UTF-8) ends the session before dedupq sees it. The broker
+//! bounds it (`amqp.delivery_limit`: it dead-letters a message delivered
+//! that often), and after a failed session the next one consumes one
+//! delivery at a time for a while, so only the offending message's count
+//! grows, never its neighbours'.
 
 use super::connection::connect;
 use super::consumer::Worker;
 use super::error::AmqpError;
+use super::progress::Progress;
 use super::topology;
+use crate::backoff::Backoff;
 use crate::config::AmqpSettings;
-use crate::engine::{Backoff, Engine};
+use crate::engine::Pipeline;
 use crate::health::{Component, Health};
 use futures::StreamExt;
 use lapin::{Connection, Event};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+/// Longest wait for the broker to acknowledge closing the connection.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often stalled queues are looked for.
+const STALL_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// Consumes the configured queues until `shutdown`. Returns an error only
 /// for a configuration that no reconnect can fix.
 pub async fn run(
     settings: AmqpSettings,
-    engine: Engine,
+    pipeline: Arc<dyn Pipeline>,
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), AmqpError> {
     settings.validate()?;
     let settings = Arc::new(settings);
-    let backoff = Backoff {
-        min: settings.reconnect_backoff_min,
-        max: settings.reconnect_backoff_max,
-    };
+    let backoff = Backoff::new(
+        settings.reconnect_backoff_min,
+        settings.reconnect_backoff_max,
+    );
     let session = Session {
-        settings,
-        engine,
+        settings: settings.clone(),
+        pipeline,
         health,
+        progress: Arc::default(),
     };
     // Configured but not consuming yet: not ready.
     session.mark(false);
+    let reporter = tokio::spawn(session.report_stalls(shutdown.clone()));
     let mut attempt = 1;
-    loop {
-        let (result, established) = session.run(&shutdown).await;
+    let mut cautious = false;
+    let result = loop {
+        let (result, established) = session.run(&shutdown, cautious).await;
         session.mark(false);
         match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_fatal() => return Err(e),
+            Ok(()) => break Ok(()),
+            Err(e) if e.is_fatal() => break Err(e),
             Err(e) => {
                 if established {
                     attempt = 1;
                 }
+                let error = crate::telemetry::chain(&e);
+                session.progress.session_failed(&error);
+                cautious = true;
                 let wait = backoff.after_attempt(attempt);
-                tracing::warn!(error = %chain(&e), attempt, ?wait, "RabbitMQ session ended; reconnecting");
+                tracing::warn!(%error, attempt, ?wait, "RabbitMQ session ended; reconnecting");
                 tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = shutdown.cancelled() => break Ok(()),
                     _ = tokio::time::sleep(wait) => {}
                 }
                 attempt = attempt.saturating_add(1);
             }
         }
-    }
+    };
+    reporter.abort();
+    result
 }
 
 struct Session {
     settings: Arc<AmqpSettings>,
-    engine: Engine,
+    pipeline: Arc<dyn Pipeline>,
     health: Health,
+    progress: Arc<Progress>,
 }
 
 impl Session {
     /// One connection's life. The flag says whether consuming started.
-    async fn run(&self, shutdown: &CancellationToken) -> (Result<(), AmqpError>, bool) {
-        let connection = match connect(&self.settings).await {
-            Ok(c) => c,
-            Err(e) => return (Err(e), false),
+    async fn run(
+        &self,
+        shutdown: &CancellationToken,
+        cautious: bool,
+    ) -> (Result<(), AmqpError>, bool) {
+        let connection = tokio::select! {
+            c = connect(&self.settings) => match c {
+                Ok(c) => c,
+                Err(e) => return (Err(e), false),
+            },
+            _ = shutdown.cancelled() => return (Ok(()), false),
         };
         let mut established = false;
-        let result = self.consume(&connection, shutdown, &mut established).await;
-        // Closing returns every unacked delivery to its queue at once.
-        let _ = connection.close(200, "dedupq session over".into()).await;
+        let result = self
+            .consume(&connection, shutdown, cautious, &mut established)
+            .await;
+        // Closing returns every unacked delivery to its queue at once. A
+        // broker that does not answer must not hold shutdown: bounded.
+        let closed = tokio::time::timeout(
+            CLOSE_TIMEOUT,
+            connection.close(200, "dedupq session over".into()),
+        )
+        .await;
+        if closed.is_err() {
+            tracing::warn!("RabbitMQ did not confirm closing the connection; dropping it");
+        }
         (result, established)
     }
 
@@ -84,17 +125,24 @@ impl Session {
         &self,
         connection: &Connection,
         shutdown: &CancellationToken,
+        cautious: bool,
         established: &mut bool,
     ) -> Result<(), AmqpError> {
         let mut events = connection.events_listener();
-        topology::prepare(connection, &self.settings).await?;
+        let prepare = topology::prepare(connection, &self.settings);
+        tokio::select! {
+            r = prepare => r?,
+            _ = shutdown.cancelled() => return Ok(()),
+        }
         let mut workers = Vec::with_capacity(self.settings.queues.len());
         for queue in &self.settings.queues {
             let worker = Worker::start(
                 connection,
                 queue,
                 self.settings.clone(),
-                self.engine.clone(),
+                self.pipeline.clone(),
+                self.progress.clone(),
+                cautious,
             )
             .await?;
             workers.push(worker);
@@ -103,8 +151,9 @@ impl Session {
         *established = true;
         tracing::info!(queues = ?self.settings.queues, url = %self.settings.url, "consuming from RabbitMQ");
 
-        // Workers stop taking batches when this fires; the batch in hand is
-        // finished (its acks fail harmlessly if the channel is gone).
+        // Workers stop taking batches when this fires; the batches in hand
+        // get amqp.drain_timeout (their acks fail harmlessly if the channel
+        // is gone).
         let stop = shutdown.child_token();
         let mut tasks = JoinSet::new();
         for worker in workers {
@@ -138,22 +187,31 @@ impl Session {
 
     fn mark(&self, up: bool) {
         self.health.set(Component::Amqp, up);
-        self.engine
+        self.pipeline
             .metrics()
             .broker_up
             .with_label_values(&["amqp"])
             .set(i64::from(up));
     }
-}
 
-/// An error with its causes, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
+    fn report_stalls(
+        &self,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (progress, settings, health, metrics) = (
+            self.progress.clone(),
+            self.settings.clone(),
+            self.health.clone(),
+            self.pipeline.metrics().clone(),
+        );
+        async move {
+            let mut tick = tokio::time::interval(STALL_CHECK_EVERY);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => progress.report(&settings.queues, settings.stall_after, &health, &metrics),
+                }
+            }
+        }
     }
-    out
 }

@@ -57,7 +57,7 @@ impl Plan<'_> {
             .await
             .map_err(topology_error("binding of", &s.dead_letter_queue))?;
         for queue in &s.queues {
-            self.queue(channel, queue, self.base_arguments(), false)
+            self.queue(channel, queue, self.work_arguments(), false)
                 .await?;
             let delay = s.delay_queue(queue);
             self.queue(channel, &delay, self.delay_arguments(queue), false)
@@ -115,14 +115,38 @@ impl Plan<'_> {
     fn base_arguments(&self) -> FieldTable {
         let mut args = FieldTable::default();
         // Explicit even for classic, so a mismatch with an existing queue is
-        // reported instead of silently consuming from another type. No
-        // x-delivery-limit: a quorum queue would drop a message past it
-        // (work queues have no broker-side dead-lettering), and dedupq caps
-        // trips itself (amqp.max_redeliveries).
+        // reported instead of silently consuming from another type.
         args.insert(
             "x-queue-type".into(),
             text(self.settings.queue_type.as_str()),
         );
+        args
+    }
+
+    /// A work queue. Quorum queues count deliveries; past
+    /// `amqp.delivery_limit` the broker itself dead-letters the message to
+    /// dedupq's dead-letter exchange (`x-death` reason `delivery_limit`).
+    /// That bounds what dedupq cannot even read (properties that are not
+    /// UTF-8 break the client's connection, so no code of dedupq ever sees
+    /// the delivery). Everything dedupq can read it dead-letters itself,
+    /// with a reason, long before.
+    fn work_arguments(&self) -> FieldTable {
+        let s = self.settings;
+        let mut args = self.base_arguments();
+        if s.queue_type == QueueType::Quorum {
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(s.delivery_limit.into()),
+            );
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                text(&s.dead_letter_exchange),
+            );
+            // The dead letter is kept until the dead-letter queue confirms
+            // it (at-least-once needs reject-publish overflow).
+            args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+            args.insert("x-overflow".into(), text("reject-publish"));
+        }
         args
     }
 

@@ -1,24 +1,28 @@
-//! One poll batch: one `engine.process` call, then each decision applied
-//! (reply or dead letter confirmed first), and the durable offsets recorded.
+//! One poll batch: one `process` call, then each decision applied (reply
+//! or dead letter confirmed first), and the durable offsets recorded.
 
 use super::dead_letter;
 use super::ledger::{Lane, Ledger};
 use super::message::Held;
-use super::outbox::Outbox;
+use super::outbox::{Outbox, Persist};
 use super::reply;
-use crate::engine::{Action, Decision, Engine, Incoming};
+use crate::engine::{Action, Decision, Incoming, Pipeline};
 use crate::metrics::Metrics;
 use futures::future::join_all;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Tries for a reply before it is given up (the outcome stays stored).
+const REPLY_TRIES: u32 = 3;
+
 /// What a batch task needs; shared by all of them.
 pub struct Shared {
-    pub engine: Engine,
+    pub pipeline: Arc<dyn Pipeline>,
     pub outbox: Outbox,
     pub ledger: Arc<Ledger>,
     pub metrics: Metrics,
     pub dlq_suffix: String,
+    pub dead_letter_max_bytes: usize,
     pub reply_topic: Option<String>,
 }
 
@@ -35,8 +39,8 @@ pub struct BatchDone {
 enum Applied {
     Durable,
     Retry(Duration),
-    /// Shutting down before the dead letter or reply was confirmed: not
-    /// durable, and not retried by this process.
+    /// Shutting down before the dead letter was confirmed: not durable,
+    /// and not retried by this process.
     Abandoned,
 }
 
@@ -48,10 +52,10 @@ pub async fn run(shared: Arc<Shared>, batch: Vec<Held>) -> BatchDone {
         }
     }
     let incomings: Vec<Incoming> = batch.iter().map(|h| h.incoming.clone()).collect();
-    let decisions = match shared.engine.process(&incomings).await {
+    let decisions = match shared.pipeline.process(&incomings).await {
         Ok(d) => d,
         Err(e) => {
-            tracing::warn!(error = %e, messages = batch.len(),
+            tracing::warn!(error = %crate::telemetry::chain(&e), messages = batch.len(),
                 "store unavailable: batch not processed, nothing committed; pausing");
             shared.ledger.batch_finished(&lanes, &[]);
             return BatchDone {
@@ -93,27 +97,61 @@ pub async fn run(shared: Arc<Shared>, batch: Vec<Held>) -> BatchDone {
 }
 
 async fn apply(shared: &Shared, held: &Held, decision: &Decision) -> Applied {
-    let record = match &decision.action {
-        Action::RetryLater { after } => return Applied::Retry(*after),
-        Action::Commit { reply: None } => return Applied::Durable,
+    match &decision.action {
+        Action::RetryLater { after } => Applied::Retry(*after),
+        Action::Commit { reply: None } => Applied::Durable,
         Action::Commit {
             reply: Some(result),
-        } => match &shared.reply_topic {
-            None => return Applied::Durable,
-            Some(topic) => match reply::record(topic, decision, result, &held.incoming) {
-                Some(r) => r,
-                None => return Applied::Durable,
-            },
-        },
-        Action::DeadLetter { reason, detail } => {
-            dead_letter::record(held, decision, reason, detail, &shared.dlq_suffix)
+        } => {
+            let Some(record) = shared
+                .reply_topic
+                .as_deref()
+                .and_then(|topic| reply::record(topic, decision, result, &held.incoming))
+            else {
+                return Applied::Durable;
+            };
+            // A reply is a courtesy: the outcome is stored and a duplicate
+            // replays it, so a reply that cannot be produced never holds
+            // the partition.
+            if let Err(e) = shared
+                .outbox
+                .send(&record, Persist::Tries(REPLY_TRIES))
+                .await
+            {
+                shared
+                    .metrics
+                    .replies_failed
+                    .with_label_values(&["kafka"])
+                    .inc();
+                tracing::warn!(error = %crate::telemetry::chain(&e), source = %held.incoming.source,
+                    "reply not delivered; the outcome stays stored");
+            }
+            Applied::Durable
         }
-    };
-    match shared.outbox.send(&record).await {
-        Ok(()) => Applied::Durable,
-        Err(e) => {
-            tracing::warn!(error = %e, source = %held.incoming.source, "not committed");
-            Applied::Abandoned
+        Action::DeadLetter { reason, detail } => {
+            let record = dead_letter::record(
+                held,
+                decision,
+                reason,
+                detail,
+                &shared.dlq_suffix,
+                shared.dead_letter_max_bytes,
+            );
+            match shared.outbox.send(&record, Persist::UntilConfirmed).await {
+                Ok(()) => {
+                    // Counted once the broker has it, not when decided.
+                    shared
+                        .metrics
+                        .dead_letters
+                        .with_label_values(&[reason.label()])
+                        .inc();
+                    Applied::Durable
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::telemetry::chain(&e), source = %held.incoming.source, "not committed");
+                    Applied::Abandoned
+                }
+            }
         }
     }
 }

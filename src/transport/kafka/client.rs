@@ -31,6 +31,29 @@ pub fn validate(s: &KafkaSettings) -> Result<(), KafkaError> {
             "is empty: dead letters would go back to the topic they came from",
         );
     }
+    for topic in s.topics.iter().chain(&s.reply_topic) {
+        if !valid_topic(topic) {
+            return bad(
+                "topics",
+                &format!(
+                    "'{topic}' is not a valid Kafka topic name (1..=249 of a-z A-Z 0-9 . _ -)"
+                ),
+            );
+        }
+        let dlq = format!("{topic}{}", s.dlq_suffix);
+        if s.topics.contains(topic) && !valid_topic(&dlq) {
+            return bad(
+                "dlq_suffix",
+                &format!("'{}' makes the dead-letter topic '{dlq}', which is not a valid Kafka topic name (a-z A-Z 0-9 . _ -, at most 249)", s.dlq_suffix),
+            );
+        }
+    }
+    if s.dead_letter_max_bytes < 4096 {
+        return bad("dead_letter_max_bytes", "must be at least 4096");
+    }
+    if s.max_buffered_bytes < 1024 * 1024 {
+        return bad("max_buffered_bytes", "must be at least 1 MiB");
+    }
     if let Some(key) = PROTECTED.iter().find(|k| s.client.contains_key(**k)) {
         return Err(KafkaError::Config {
             setting: "client",
@@ -41,6 +64,16 @@ pub fn validate(s: &KafkaSettings) -> Result<(), KafkaError> {
         });
     }
     Ok(())
+}
+
+/// Kafka's own rule for topic names.
+fn valid_topic(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn millis(d: std::time::Duration) -> String {
@@ -87,6 +120,19 @@ pub fn consumer_config(s: &KafkaSettings) -> ClientConfig {
     c
 }
 
+/// For start-up checks (topics, their retention).
+pub fn admin_config(s: &KafkaSettings) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &s.brokers)
+        .set("client.id", "dedupq-admin");
+    for (k, v) in &s.client {
+        if !PROTECTED.contains(&k.as_str()) {
+            c.set(k, v);
+        }
+    }
+    c
+}
+
 pub fn producer_config(s: &KafkaSettings) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &s.brokers)
@@ -99,7 +145,15 @@ pub fn producer_config(s: &KafkaSettings) -> ClientConfig {
         // Bounds one delivery attempt; a failed one is produced again.
         .set("message.timeout.ms", millis(s.produce_timeout))
         // Dead letters and replies of one batch travel together.
-        .set("linger.ms", "5");
+        .set("linger.ms", "5")
+        // Room for the largest dead letter (kafka.dead_letter_max_bytes)
+        // plus the record framing.
+        .set(
+            "message.max.bytes",
+            (s.dead_letter_max_bytes + 64 * 1024)
+                .max(1_000_000)
+                .to_string(),
+        );
     for (k, v) in &s.client {
         if !PROTECTED.contains(&k.as_str()) {
             c.set(k, v);

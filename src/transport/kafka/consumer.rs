@@ -5,10 +5,12 @@
 use super::batch::{self, BatchDone, Shared};
 use super::context::{commit, Context};
 use super::error::KafkaError;
-use super::lanes::Lanes;
+use super::lanes::{Flow, Lanes};
 use super::ledger::{Ledger, Tp};
 use super::message::Held;
+use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
+use crate::health::{Component, Health};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::TopicPartitionList;
@@ -21,15 +23,15 @@ use tokio_util::sync::CancellationToken;
 
 pub type KafkaConsumer = StreamConsumer<Context>;
 
-/// First and longest pause after the store failed a batch.
-const STORE_PAUSE_MIN: Duration = Duration::from_millis(250);
-const STORE_PAUSE_MAX: Duration = Duration::from_secs(5);
+/// Pauses after the store failed a batch.
+const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
 
 pub struct Pump {
     pub consumer: Arc<KafkaConsumer>,
     pub shared: Arc<Shared>,
     pub ledger: Arc<Ledger>,
     pub settings: KafkaSettings,
+    health: Health,
     lanes: Lanes,
     batches: JoinSet<BatchDone>,
     linger_from: Option<Instant>,
@@ -42,13 +44,18 @@ impl Pump {
         shared: Arc<Shared>,
         ledger: Arc<Ledger>,
         settings: KafkaSettings,
+        health: Health,
     ) -> Self {
         Self {
-            lanes: Lanes::new(settings.max_buffered_per_partition),
+            lanes: Lanes::new(
+                settings.max_buffered_per_partition,
+                settings.max_buffered_bytes,
+            ),
             consumer,
             shared,
             ledger,
             settings,
+            health,
             batches: JoinSet::new(),
             linger_from: None,
             store_failures: 0,
@@ -70,7 +77,10 @@ impl Pump {
                 }
                 msg = consumer.recv() => self.received(msg),
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
-                _ = commit_tick.tick() => self.commit(CommitMode::Async),
+                _ = commit_tick.tick() => {
+                    self.commit(CommitMode::Async);
+                    self.report_stalls();
+                }
             }
             self.dispatch();
         }
@@ -93,22 +103,15 @@ impl Pump {
         let Some(lane) = self.ledger.received(&tp, msg.offset()) else {
             return;
         };
-        if let Some(tp) = self.lanes.push(Held::from_record(lane, &msg)) {
-            tracing::debug!(partition = %tp, "buffer full: pausing fetch");
-            self.flow(&tp, true);
-        }
+        let flow = self.lanes.push(Held::from_record(lane, &msg));
+        self.apply_flow(flow);
     }
 
     fn finished(&mut self, done: Result<BatchDone, JoinError>) -> Result<(), KafkaError> {
         let done = done.map_err(KafkaError::BatchTask)?;
         let pause = if done.store_down {
             self.store_failures += 1;
-            let exp = self.store_failures.saturating_sub(1).min(8);
-            Some(
-                STORE_PAUSE_MIN
-                    .saturating_mul(1 << exp)
-                    .min(STORE_PAUSE_MAX),
-            )
+            Some(STORE_PAUSE.after_attempt(self.store_failures))
         } else {
             self.store_failures = 0;
             None
@@ -123,11 +126,35 @@ impl Pump {
         }
         for lane in &done.lanes {
             let (retries, after) = per_lane.remove(lane).unwrap_or_default();
-            if let Some(tp) = self.lanes.finished(lane, retries, after) {
-                self.flow(&tp, false);
-            }
+            let flow = self.lanes.finished(lane, retries, after);
+            self.apply_flow(flow);
         }
         Ok(())
+    }
+
+    /// Reports partitions whose messages wait without progress.
+    fn report_stalls(&self) {
+        let stalled = self
+            .lanes
+            .stalled(Instant::now(), self.settings.stall_after);
+        self.shared
+            .metrics
+            .stalled_lanes
+            .with_label_values(&["kafka"])
+            .set(stalled.len() as i64);
+        let lines = stalled
+            .iter()
+            .map(|(tp, idle)| {
+                format!(
+                    "{tp}: no message of this partition reached a durable outcome for {}s",
+                    idle.as_secs()
+                )
+            })
+            .collect::<Vec<_>>();
+        if !lines.is_empty() {
+            tracing::warn!(partitions = ?lines, "stalled partitions");
+        }
+        self.health.set_stalled(Component::Kafka, lines);
     }
 
     fn dispatch(&mut self) {
@@ -179,6 +206,16 @@ impl Pump {
         }
     }
 
+    fn apply_flow(&self, flow: Flow) {
+        for tp in &flow.pause {
+            tracing::debug!(partition = %tp, buffered_bytes = self.lanes.bytes(), "buffer full: pausing fetch");
+            self.flow(tp, true);
+        }
+        for tp in &flow.resume {
+            self.flow(tp, false);
+        }
+    }
+
     fn flow(&self, tp: &Tp, pause: bool) {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&tp.topic, tp.partition);
@@ -209,6 +246,10 @@ impl Pump {
                     // Unconfirmed dead letters and replies stop waiting.
                     self.shared.outbox.shutdown.cancel();
                     self.batches.abort_all();
+                    // Aborted batches never report back: their partitions
+                    // are idle now, so the revoke on leaving the group does
+                    // not wait out a second drain for them.
+                    self.ledger.abandon_batches();
                     break;
                 }
             }

@@ -74,7 +74,8 @@ pub fn commit<C: ConsumerContext>(
     consumer.commit(&tpl, mode)
 }
 
-fn block<T>(f: impl FnOnce() -> T) -> T {
+/// Runs blocking librdkafka work without starving the async workers.
+pub(super) fn block<T>(f: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),

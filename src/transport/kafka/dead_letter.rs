@@ -1,23 +1,11 @@
 //! The dead-letter record of a message: the original key, payload and
-//! headers, plus headers saying why and where it came from.
+//! headers, plus headers saying why and where it came from, cut to fit the
+//! producer's size limit so that it can always be produced.
 
 use super::message::Held;
 use super::outbox::Record;
-use crate::engine::{DeadLetterReason, Decision, Source};
-
-/// Headers dedupq adds to a dead letter (the original headers follow).
-pub mod header {
-    pub const REASON: &str = "dedupq-reason";
-    pub const DETAIL: &str = "dedupq-detail";
-    pub const OUTCOME: &str = "dedupq-outcome";
-    pub const TENANT: &str = "dedupq-tenant";
-    pub const KEY: &str = "dedupq-key";
-    pub const FINGERPRINT: &str = "dedupq-fingerprint";
-    pub const SOURCE_TOPIC: &str = "dedupq-source-topic";
-    pub const SOURCE_PARTITION: &str = "dedupq-source-partition";
-    pub const SOURCE_OFFSET: &str = "dedupq-source-offset";
-    pub const FIRST_SEEN: &str = "dedupq-first-seen";
-}
+use crate::engine::{DeadLetterReason, Decision, Header, Source};
+use crate::transport::envelope::{self, Origin};
 
 pub fn record(
     held: &Held,
@@ -25,6 +13,7 @@ pub fn record(
     reason: &DeadLetterReason,
     detail: &str,
     suffix: &str,
+    max_bytes: usize,
 ) -> Record {
     let (topic, partition, offset) = match &held.incoming.source {
         Source::Kafka {
@@ -38,34 +27,31 @@ pub fn record(
             held.offset,
         ),
     };
-    let mut headers: Vec<(String, Vec<u8>)> = vec![
-        (header::REASON.into(), reason.label().into()),
-        (header::DETAIL.into(), detail.into()),
-        (header::OUTCOME.into(), decision.outcome.label().into()),
-        (header::SOURCE_TOPIC.into(), topic.into()),
-        (
-            header::SOURCE_PARTITION.into(),
-            partition.to_string().into(),
-        ),
-        (header::SOURCE_OFFSET.into(), offset.to_string().into()),
-        (
-            header::FIRST_SEEN.into(),
-            held.incoming.received_at.to_rfc3339().into(),
-        ),
-    ];
-    if let Some(id) = &decision.identity {
-        headers.push((header::TENANT.into(), id.tenant.as_str().into()));
-        headers.push((header::KEY.into(), id.key.as_str().into()));
-    }
-    if let Some(fp) = &decision.fingerprint {
-        let value = format!("v{}:{}", fp.version, fp.hex());
-        headers.push((header::FINGERPRINT.into(), value.into()));
-    }
-    headers.extend(held.incoming.headers.iter().cloned());
+    let origin = Origin::Kafka {
+        topic,
+        partition,
+        offset,
+    };
+    let own =
+        envelope::dead_letter_headers(decision, reason, detail, &origin, held.incoming.received_at);
+    let key_len = held.key.as_ref().map_or(0, Vec::len);
+    let fitted = envelope::fit(
+        &held.incoming.body,
+        &own,
+        &held.incoming.headers,
+        |h: &Header| h.name.len() + h.value.as_ref().map_or(0, Vec::len) + 8,
+        max_bytes.saturating_sub(key_len),
+    );
+    let headers = own
+        .into_iter()
+        .chain(fitted.extra)
+        .map(|(n, v)| Header::new(n, v))
+        .chain(fitted.original_headers)
+        .collect();
     Record {
         topic: format!("{topic}{suffix}"),
         key: held.key.clone(),
-        payload: held.incoming.body.clone(),
+        payload: fitted.payload,
         headers,
     }
 }

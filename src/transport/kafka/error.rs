@@ -10,6 +10,8 @@ pub enum KafkaError {
     },
     #[error("creating the Kafka client failed")]
     Client(#[source] rdkafka::error::KafkaError),
+    #[error("a Kafka admin request failed")]
+    Admin(#[source] rdkafka::error::KafkaError),
     #[error("subscribing to the Kafka topics failed")]
     Subscribe(#[source] rdkafka::error::KafkaError),
     /// A batch task died; its partitions cannot be tracked any more, so the
@@ -24,6 +26,8 @@ pub enum ProduceError {
     #[error("producing to {topic} failed")]
     Delivery {
         topic: String,
+        /// The broker will refuse it again (too large, no such topic).
+        permanent: bool,
         #[source]
         source: rdkafka::error::KafkaError,
     },

@@ -2,6 +2,10 @@
 //! batch at a time, and a message that must be retried stays at the head of
 //! its partition (retry in place): later messages of that partition wait
 //! behind it, so one key's messages are never reordered.
+//!
+//! The queues are bounded twice: per partition by message count, and all
+//! together by bytes (what librdkafka hands over is copied here), so a
+//! stalled partition cannot grow memory without bound.
 
 use super::ledger::{Lane, Tp};
 use super::message::Held;
@@ -13,14 +17,23 @@ pub struct Lanes {
     lanes: HashMap<Tp, Queue>,
     /// Messages held per partition before fetching from it pauses.
     limit: usize,
+    /// Bytes held over all partitions before fetching pauses everywhere.
+    max_bytes: usize,
+    bytes: usize,
+    /// Fetching is paused everywhere for the byte bound.
+    over_bytes: bool,
 }
 
 struct Queue {
     lane: Lane,
     waiting: VecDeque<Held>,
     in_batch: usize,
+    bytes: usize,
     blocked_until: Option<Instant>,
     paused: bool,
+    /// Last time a message of this partition got a durable outcome, or the
+    /// partition had nothing to do.
+    progress_at: Instant,
 }
 
 impl Queue {
@@ -35,30 +48,57 @@ impl Queue {
     }
 }
 
+/// Fetching to pause or resume, per partition.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Flow {
+    pub pause: Vec<Tp>,
+    pub resume: Vec<Tp>,
+}
+
 impl Lanes {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(limit: usize, max_bytes: usize) -> Self {
         Self {
             lanes: HashMap::new(),
             limit,
+            max_bytes,
+            bytes: 0,
+            over_bytes: false,
         }
     }
 
-    /// Queues a fetched message; returns its partition when fetching from
-    /// it should pause.
-    pub fn push(&mut self, held: Held) -> Option<Tp> {
+    /// Queues a fetched message; says which partitions to pause.
+    pub fn push(&mut self, held: Held) -> Flow {
+        let size = held.size();
         let q = self
             .lanes
             .entry(held.lane.tp.clone())
             .or_insert_with(|| new_queue(&held.lane));
         if q.lane != held.lane {
             // Revoked and assigned again: the old queue is stale.
+            self.bytes -= q.bytes;
             *q = new_queue(&held.lane);
         }
+        if q.held() == 0 {
+            q.progress_at = Instant::now();
+        }
         q.waiting.push_back(held);
-        (!q.paused && q.held() >= self.limit).then(|| {
+        q.bytes += size;
+        self.bytes += size;
+        let mut flow = Flow::default();
+        if !q.paused && q.held() >= self.limit {
             q.paused = true;
-            q.lane.tp.clone()
-        })
+            flow.pause.push(q.lane.tp.clone());
+        }
+        if !self.over_bytes && self.bytes > self.max_bytes {
+            self.over_bytes = true;
+            flow.pause.extend(
+                self.lanes
+                    .values()
+                    .filter(|q| !q.paused)
+                    .map(|q| q.lane.tp.clone()),
+            );
+        }
+        flow
     }
 
     /// Messages that a batch could take now.
@@ -99,26 +139,78 @@ impl Lanes {
     }
 
     /// A batch released `lane`: `retries` (in offset order) go back to the
-    /// head and hold the partition for `after`. Returns the partition when
-    /// fetching from it may resume.
-    pub fn finished(&mut self, lane: &Lane, retries: Vec<Held>, after: Duration) -> Option<Tp> {
-        let q = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane)?;
+    /// head and hold the partition for `after`. Says which partitions may
+    /// fetch again.
+    pub fn finished(&mut self, lane: &Lane, retries: Vec<Held>, after: Duration) -> Flow {
+        let mut flow = Flow::default();
+        let Some(q) = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane) else {
+            return flow;
+        };
+        let done = q.in_batch.saturating_sub(retries.len());
         q.in_batch = 0;
+        if done > 0 {
+            q.progress_at = Instant::now();
+        }
+        let kept: usize = q.waiting.iter().chain(&retries).map(Held::size).sum();
+        self.bytes -= q.bytes - kept;
+        q.bytes = kept;
         if !retries.is_empty() {
             q.blocked_until = Some(Instant::now() + after);
-            for held in retries.into_iter().rev() {
+            for mut held in retries.into_iter().rev() {
+                held.incoming.retries = held.incoming.retries.saturating_add(1);
                 q.waiting.push_front(held);
             }
         }
-        (q.paused && q.held() <= self.limit / 2).then(|| {
+        if q.paused && q.held() <= self.limit / 2 && !self.over_bytes {
             q.paused = false;
-            q.lane.tp.clone()
-        })
+            flow.resume.push(q.lane.tp.clone());
+        }
+        if self.over_bytes && self.bytes <= self.max_bytes / 2 {
+            self.over_bytes = false;
+            for q in self.lanes.values_mut() {
+                if q.paused && q.held() <= self.limit / 2 {
+                    q.paused = false;
+                    flow.resume.push(q.lane.tp.clone());
+                }
+            }
+        }
+        flow
     }
 
     /// Drops the queues of partitions this member no longer owns.
     pub fn retain(&mut self, owns: impl Fn(&Lane) -> bool) {
-        self.lanes.retain(|_, q| owns(&q.lane));
+        let mut freed = 0;
+        self.lanes.retain(|_, q| {
+            let keep = owns(&q.lane);
+            if !keep {
+                freed += q.bytes;
+            }
+            keep
+        });
+        self.bytes -= freed;
+    }
+
+    /// Partitions with messages waiting (or in a batch) that made no
+    /// progress for `after`.
+    pub fn stalled(&self, now: Instant, after: Duration) -> Vec<(Tp, Duration)> {
+        let mut out: Vec<(Tp, Duration)> = self
+            .lanes
+            .values()
+            .filter(|q| q.held() > 0)
+            .map(|q| {
+                (
+                    q.lane.tp.clone(),
+                    now.saturating_duration_since(q.progress_at),
+                )
+            })
+            .filter(|(_, idle)| *idle >= after)
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -127,7 +219,9 @@ fn new_queue(lane: &Lane) -> Queue {
         lane: lane.clone(),
         waiting: VecDeque::new(),
         in_batch: 0,
+        bytes: 0,
         blocked_until: None,
         paused: false,
+        progress_at: Instant::now(),
     }
 }

@@ -123,6 +123,17 @@ impl Ledger {
         self.changed.notify_all();
     }
 
+    /// Forgets every running batch (their tasks were aborted): their
+    /// messages stay uncommitted and come back.
+    pub fn abandon_batches(&self) {
+        let mut s = self.lock();
+        for p in s.parts.values_mut() {
+            p.batches = 0;
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+
     /// Waits until no batch holds any of `tps`, or the deadline. True when
     /// they are all idle.
     pub fn wait_idle(&self, tps: &[Tp], deadline: Instant) -> bool {

@@ -2,6 +2,7 @@
 //! prefix of messages whose outcome is durable (stored, or dead letter
 //! confirmed); see DESIGN.md section 3.
 
+mod admin;
 mod batch;
 mod client;
 
@@ -17,11 +18,10 @@ mod outbox;
 mod reply;
 
 pub use crate::config::KafkaSettings;
-pub use dead_letter::header as dead_letter_header;
+pub use admin::topic_retention;
 pub use error::{KafkaError, ProduceError};
-pub use reply::header as reply_header;
 
-use crate::engine::Engine;
+use crate::engine::Pipeline;
 use crate::health::Health;
 use batch::Shared;
 use consumer::{KafkaConsumer, Pump};
@@ -37,16 +37,18 @@ use tokio_util::sync::CancellationToken;
 /// work finish (bounded by `drain_timeout`) and commits what is durable.
 pub async fn run(
     settings: KafkaSettings,
-    engine: Engine,
+    pipeline: Arc<dyn Pipeline>,
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), KafkaError> {
     client::validate(&settings)?;
+    admin::ensure_produced_topics(&settings).await?;
     let ledger = Arc::new(Ledger::default());
+    let metrics = pipeline.metrics().clone();
     let context = Context {
         ledger: ledger.clone(),
-        health,
-        metrics: engine.metrics().clone(),
+        health: health.clone(),
+        metrics: metrics.clone(),
         drain_timeout: settings.drain_timeout,
     };
     // Not ready until the group assigns partitions or a broker reports up.
@@ -62,8 +64,8 @@ pub async fn run(
     consumer.subscribe(&topics).map_err(KafkaError::Subscribe)?;
     tracing::info!(topics = ?settings.topics, group = %settings.group_id, "kafka consumer subscribed");
     let shared = Arc::new(Shared {
-        metrics: engine.metrics().clone(),
-        engine,
+        metrics,
+        pipeline,
         outbox: Outbox {
             producer,
             queue_timeout: settings.produce_timeout,
@@ -73,9 +75,10 @@ pub async fn run(
         },
         ledger: ledger.clone(),
         dlq_suffix: settings.dlq_suffix.clone(),
+        dead_letter_max_bytes: settings.dead_letter_max_bytes,
         reply_topic: settings.reply_topic.clone(),
     });
-    let result = Pump::new(consumer.clone(), shared, ledger, settings)
+    let result = Pump::new(consumer.clone(), shared, ledger, settings, health)
         .run(shutdown)
         .await;
     // Leaving the group runs the revoke callback and blocks while it polls;

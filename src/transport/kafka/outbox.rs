@@ -3,18 +3,34 @@
 //! confirmed.
 
 use super::error::ProduceError;
-use rdkafka::message::{Header, OwnedHeaders};
+use crate::backoff::Backoff;
+use crate::engine::Header;
+use rdkafka::bindings as rd;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedHeaders, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// A record to produce.
+/// A record to produce. Header names are bytes: a dead letter keeps the
+/// original headers, whatever their names.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
-    pub headers: Vec<(String, Vec<u8>)>,
+    pub headers: Vec<Header>,
+}
+
+/// How hard to try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    /// Until confirmed (a dead letter: the source offset waits for it), or
+    /// shutdown.
+    UntilConfirmed,
+    /// At most this many tries (a reply: the outcome is stored either way,
+    /// and a duplicate later replays it).
+    Tries(u32),
 }
 
 pub struct Outbox {
@@ -24,36 +40,57 @@ pub struct Outbox {
     pub shutdown: CancellationToken,
 }
 
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
 impl Outbox {
-    /// Produces `record` until the broker confirms it; gives up only on
-    /// shutdown (the source message then stays uncommitted).
-    pub async fn send(&self, record: &Record) -> Result<(), ProduceError> {
-        let mut backoff = BACKOFF_MIN;
+    /// Produces `record` until the broker confirms it, as hard as
+    /// `persist` says; gives up at once on shutdown.
+    pub async fn send(&self, record: &Record, persist: Persist) -> Result<(), ProduceError> {
+        let mut attempt = 1;
         loop {
             let sent = tokio::select! {
                 r = self.producer.send(to_future_record(record), self.queue_timeout) => r,
                 _ = self.shutdown.cancelled() => return Err(shutdown(record)),
             };
-            match sent {
+            let source = match sent {
                 Ok(_) => return Ok(()),
-                Err((source, _)) => {
-                    let e = ProduceError::Delivery {
-                        topic: record.topic.clone(),
-                        source,
-                    };
-                    tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), retry_in = ?backoff, "produce failed");
-                }
+                Err((source, _)) => source,
+            };
+            let error = ProduceError::Delivery {
+                topic: record.topic.clone(),
+                permanent: is_permanent(&source),
+                source,
+            };
+            if matches!(persist, Persist::Tries(n) if attempt >= n) {
+                return Err(error);
             }
+            let wait = BACKOFF.after_attempt(attempt);
+            tracing::warn!(error = %crate::telemetry::chain(&error), retry_in = ?wait, "produce failed");
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = self.shutdown.cancelled() => return Err(shutdown(record)),
             }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            attempt += 1;
         }
     }
+}
+
+/// Errors no retry cures without an operator (the dead-letter path makes
+/// them impossible by checking topics at start-up and fitting records to
+/// the size limit; a reply gives up on them).
+fn is_permanent(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::TopicAuthorizationFailed
+                | C::InvalidRecord
+                | C::InvalidTopic
+        )
+    )
 }
 
 fn shutdown(record: &Record) -> ProduceError {
@@ -63,18 +100,38 @@ fn shutdown(record: &Record) -> ProduceError {
 }
 
 fn to_future_record(r: &Record) -> FutureRecord<'_, [u8], [u8]> {
-    let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-    for (key, value) in &r.headers {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value.as_slice()),
-        });
-    }
     let mut fr = FutureRecord::to(&r.topic)
         .payload(r.payload.as_slice())
-        .headers(headers);
+        .headers(raw_headers(&r.headers));
     if let Some(key) = &r.key {
         fr = fr.key(key.as_slice());
     }
     fr
+}
+
+/// Headers with byte names, through librdkafka's own API (rdkafka's safe
+/// one only takes `&str` names).
+fn raw_headers(headers: &[Header]) -> OwnedHeaders {
+    let owned = OwnedHeaders::new_with_capacity(headers.len());
+    let ptr = owned.as_borrowed() as *const BorrowedHeaders as *mut rd::rd_kafka_headers_t;
+    for h in headers {
+        let (value, len) = match &h.value {
+            Some(v) => (v.as_ptr().cast(), v.len() as isize),
+            None => (std::ptr::null(), 0),
+        };
+        // SAFETY: `ptr` is the headers list `owned` holds (rdkafka's
+        // `BorrowedHeaders` is the native list itself); librdkafka copies
+        // name and value. A NUL in a name would end it early: names read
+        // from librdkafka never contain one.
+        unsafe {
+            rd::rd_kafka_header_add(
+                ptr,
+                h.name.as_ptr().cast(),
+                h.name.len() as isize,
+                value,
+                len,
+            );
+        }
+    }
+    owned
 }

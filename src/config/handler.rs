@@ -1,0 +1,164 @@
+//! Handler settings (`[handler]`): where the work call goes and how.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandlerKind {
+    /// POST to `handler.url` with the derived idempotency key.
+    Http,
+    /// `http` against the bundled provider simulator.
+    Payment,
+}
+
+/// A value that may be a secret: given inline, or read from a file (a
+/// Kubernetes or Docker secret) or an environment variable at start-up.
+/// Never printed or logged.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SecretValue {
+    Inline(String),
+    File { file: PathBuf },
+    Env { env: String },
+}
+
+impl SecretValue {
+    /// The value; files lose one trailing newline.
+    pub fn resolve(&self) -> Result<String, String> {
+        match self {
+            SecretValue::Inline(v) => Ok(v.clone()),
+            SecretValue::File { file } => std::fs::read_to_string(file)
+                .map(|v| v.strip_suffix('\n').unwrap_or(&v).to_string())
+                .map_err(|e| format!("reading {}: {e}", file.display())),
+            SecretValue::Env { env } => {
+                std::env::var(env).map_err(|_| format!("environment variable {env} is not set"))
+            }
+        }
+    }
+
+    /// The form `dedupq config` prints: where the value comes from, never
+    /// the value.
+    pub fn redacted(&self) -> Self {
+        match self {
+            SecretValue::Inline(_) => SecretValue::Inline("***".into()),
+            other => other.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretValue::Inline(_) => f.write_str("SecretValue(***)"),
+            SecretValue::File { file } => write!(f, "SecretValue(file {})", file.display()),
+            SecretValue::Env { env } => write!(f, "SecretValue(env {env})"),
+        }
+    }
+}
+
+/// A target URL for the messages of one topic or queue (and tenant).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerRoute {
+    /// Kafka topic or RabbitMQ queue the message came from; any if absent.
+    pub source: Option<String>,
+    /// Tenant of the message; any if absent.
+    pub tenant: Option<String>,
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HandlerSettings {
+    pub kind: HandlerKind,
+    /// Where the work call goes unless a route says otherwise.
+    pub url: String,
+    /// Per-request timeout; must be shorter than the lease.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The request header carrying the derived key.
+    pub key_header: String,
+    /// Answers that mean dedupq is misconfigured (a rotated API key, a
+    /// mistyped URL), not that the payment failed: never stored, retried
+    /// with backoff, counted in `dedupq_handler_faults_total`. Redirects
+    /// (3xx) always count as such.
+    pub fault_statuses: Vec<u16>,
+    /// Longest provider answer read; a longer body is not stored (its
+    /// status is).
+    pub max_response_bytes: usize,
+    /// Message headers forwarded to the target as they are (e.g. trace
+    /// context, webhook signatures); every other header stays behind.
+    pub pass_headers: Vec<String>,
+    /// Static request headers (e.g. `Authorization`), inline or from a
+    /// secret file or environment variable: `{ file = "…" }`, `{ env = "…" }`.
+    pub headers: BTreeMap<String, SecretValue>,
+    /// Target URLs per topic/queue and tenant; the first match wins, then
+    /// `url`.
+    pub routes: Vec<HandlerRoute>,
+    /// Asked before retrying a key whose earlier attempt may have charged:
+    /// `{derived_key}` is replaced by the key. 200 settles the key `done`
+    /// with that answer; 404 means no charge, so the request is sent again.
+    pub lookup_url: Option<String>,
+    /// PEM file of the CA that signs the target's certificate (added to
+    /// the system roots).
+    pub ca_file: Option<PathBuf>,
+    /// PEM file with a client certificate and its private key, for targets
+    /// that require mutual TLS.
+    pub client_identity_file: Option<PathBuf>,
+}
+
+impl Default for HandlerSettings {
+    fn default() -> Self {
+        Self {
+            kind: HandlerKind::Payment,
+            url: "http://127.0.0.1:8081/charges".into(),
+            timeout: Duration::from_secs(10),
+            key_header: "Idempotency-Key".into(),
+            fault_statuses: vec![401, 403, 404, 405],
+            max_response_bytes: 1024 * 1024,
+            pass_headers: vec!["traceparent".into(), "tracestate".into()],
+            headers: BTreeMap::new(),
+            routes: Vec::new(),
+            lookup_url: None,
+            ca_file: None,
+            client_identity_file: None,
+        }
+    }
+}
+
+impl HandlerSettings {
+    /// A copy safe to print: static header values and credentials in URLs
+    /// hidden.
+    pub fn redacted(&self) -> Self {
+        let mut copy = self.clone();
+        copy.url = redact_url(&self.url);
+        copy.lookup_url = self.lookup_url.as_deref().map(redact_url);
+        for route in &mut copy.routes {
+            route.url = redact_url(&route.url);
+        }
+        for value in copy.headers.values_mut() {
+            *value = value.redacted();
+        }
+        copy
+    }
+}
+
+/// A URL with its password (and user name, which can be a token) hidden.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            if !u.username().is_empty() {
+                let _ = u.set_username("***");
+            }
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        _ => raw.to_string(),
+    }
+}

@@ -1,0 +1,145 @@
+//! Whether each queue makes progress: deliveries in hand and the last ack,
+//! and how long sessions have been failing. A queue with waiting work and
+//! no ack for `amqp.stall_after` is reported stalled on /readyz and in
+//! `dedupq_stalled_lanes`.
+
+use crate::health::{Component, Health};
+use crate::metrics::Metrics;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Default)]
+pub(super) struct Progress {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<String, Queue>,
+    /// Since when no session stayed up long enough to ack anything.
+    failing_since: Option<(Instant, String)>,
+}
+
+struct Queue {
+    unacked: usize,
+    last_ack: Instant,
+}
+
+impl Progress {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A batch of `n` deliveries was taken from `queue`.
+    pub fn taken(&self, queue: &str, n: usize) {
+        let mut s = self.lock();
+        let q = s.queues.entry(queue.to_string()).or_insert_with(|| Queue {
+            unacked: 0,
+            last_ack: Instant::now(),
+        });
+        if q.unacked == 0 {
+            q.last_ack = Instant::now();
+        }
+        q.unacked += n;
+    }
+
+    /// `acked` of `n` taken deliveries were acked (the rest come back).
+    pub fn settled(&self, queue: &str, n: usize, acked: usize) {
+        let mut s = self.lock();
+        if acked > 0 {
+            s.failing_since = None;
+        }
+        if let Some(q) = s.queues.get_mut(queue) {
+            q.unacked = q.unacked.saturating_sub(n);
+            if acked > 0 {
+                q.last_ack = Instant::now();
+            }
+        }
+    }
+
+    /// A session ended with `error`.
+    pub fn session_failed(&self, error: &str) {
+        let mut s = self.lock();
+        s.failing_since
+            .get_or_insert_with(|| (Instant::now(), String::new()))
+            .1 = error.to_string();
+        for q in s.queues.values_mut() {
+            q.unacked = 0;
+        }
+    }
+
+    /// The stalled queues, each with why.
+    pub fn stalled(&self, queues: &[String], after: Duration) -> Vec<String> {
+        let s = self.lock();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        if let Some((since, error)) = &s.failing_since {
+            let failing = now.saturating_duration_since(*since);
+            if failing >= after {
+                for queue in queues {
+                    out.push(format!(
+                        "{queue}: no RabbitMQ session has lasted for {}s (last error: {error})",
+                        failing.as_secs()
+                    ));
+                }
+                return out;
+            }
+        }
+        for (name, q) in &s.queues {
+            let idle = now.saturating_duration_since(q.last_ack);
+            if q.unacked > 0 && idle >= after {
+                out.push(format!(
+                    "{name}: {} deliveries in hand and no ack for {}s",
+                    q.unacked,
+                    idle.as_secs()
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn report(&self, queues: &[String], after: Duration, health: &Health, metrics: &Metrics) {
+        let stalled = self.stalled(queues, after);
+        metrics
+            .stalled_lanes
+            .with_label_values(&["amqp"])
+            .set(stalled.len() as i64);
+        if !stalled.is_empty() {
+            tracing::warn!(queues = ?stalled, "stalled queues");
+        }
+        health.set_stalled(Component::Amqp, stalled);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_with_work_and_no_ack_is_stalled_until_an_ack() {
+        let p = Progress::default();
+        let queues = vec!["q".to_string()];
+        p.taken("q", 3);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(p.stalled(&queues, Duration::from_secs(60)).len(), 1);
+        p.settled("q", 3, 3);
+        assert!(p.stalled(&queues, Duration::from_secs(60)).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_that_keep_failing_stall_every_queue() {
+        let p = Progress::default();
+        let queues = vec!["a".to_string(), "b".to_string()];
+        p.session_failed("frame error");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(p.stalled(&queues, Duration::from_secs(60)).is_empty());
+        p.session_failed("frame error");
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let stalled = p.stalled(&queues, Duration::from_secs(60));
+        assert_eq!(stalled.len(), 2);
+        assert!(stalled[0].contains("frame error"));
+    }
+}
