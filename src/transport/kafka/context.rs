@@ -117,8 +117,16 @@ impl ClientContext for Context {
                 .topics
                 .get(&tp.topic)
                 .and_then(|t| t.partitions.get(&tp.partition))
-                .map(|p| p.consumer_lag)
-                .filter(|lag| *lag >= 0);
+                .and_then(|p| {
+                    // Before the group's first commit librdkafka reports
+                    // no lag; what is waiting is then everything from the
+                    // log start (or from where this member started).
+                    if p.consumer_lag >= 0 {
+                        return Some(p.consumer_lag);
+                    }
+                    let from = self.ledger.started_at(tp).unwrap_or(p.lo_offset);
+                    (p.hi_offset >= 0).then(|| (p.hi_offset - from.max(p.lo_offset).max(0)).max(0))
+                });
             if let Some(lag) = lag {
                 self.metrics
                     .consumer_lag

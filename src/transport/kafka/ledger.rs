@@ -83,6 +83,12 @@ impl Ledger {
         })
     }
 
+    /// The offset this member started consuming `tp` from (or committed
+    /// since), once it received a message of it.
+    pub fn started_at(&self, tp: &Tp) -> Option<i64> {
+        self.lock().parts.get(tp).and_then(|p| p.committed)
+    }
+
     pub fn owns(&self, lane: &Lane) -> bool {
         self.lock()
             .parts
