@@ -5,6 +5,7 @@
 pub mod amqp;
 pub mod handlers;
 pub mod kafka;
+pub mod kafka_raw;
 pub mod process;
 
 use chrono::Utc;
