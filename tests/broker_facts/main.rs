@@ -7,3 +7,4 @@
 mod support;
 
 mod kafka_raw_headers;
+mod raw_amqp_publish;

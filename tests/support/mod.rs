@@ -7,6 +7,8 @@ pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;
 pub mod process;
+pub mod rabbit_management;
+pub mod raw_amqp;
 
 use chrono::Utc;
 use dedupq::config::{IdentitySettings, Settings, StoreSettings};
