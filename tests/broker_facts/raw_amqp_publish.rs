@@ -2,28 +2,8 @@ use crate::support::amqp::{amqp_url, Client, Msg};
 use crate::support::rabbit_management::peek;
 use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawAmqpError, RawProperties};
 use crate::support::unique;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable, LongString};
-
-/// Declares a durable quorum queue named `dqt_facts_<prefix>_…`.
-pub async fn quorum_queue(client: &Client, prefix: &str, mut args: FieldTable) -> String {
-    let name = unique(&format!("dqt_facts_{prefix}"));
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("quorum")),
-    );
-    let channel = client.connection.create_channel().await.expect("channel");
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(name.as_str().into(), durable, args)
-        .await
-        .expect("declare a quorum queue");
-    let _ = channel.close(200, "declared".into()).await;
-    name
-}
+use crate::topology::quorum_queue;
+use lapin::types::FieldTable;
 
 /// Properties no client library would send: every string is invalid UTF-8.
 pub fn hostile_properties() -> RawProperties {

@@ -61,6 +61,7 @@ pub enum RawAmqpError {
 /// A message taken with `basic.get`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawDelivery {
+    pub delivery_tag: u64,
     pub redelivered: bool,
     pub exchange: Vec<u8>,
     pub routing_key: Vec<u8>,
@@ -237,8 +238,22 @@ impl RawAmqp {
     /// Takes the message at the head of `queue` (acknowledged on receipt),
     /// every property as bytes; `None` when the queue is empty.
     pub async fn get(&mut self, queue: &str) -> Result<Option<RawDelivery>, RawAmqpError> {
+        self.basic_get(queue, true).await
+    }
+
+    /// Like `get`, but the delivery stays unacknowledged: it goes back to
+    /// the queue when this connection ends (closed or dropped).
+    pub async fn get_unacked(&mut self, queue: &str) -> Result<Option<RawDelivery>, RawAmqpError> {
+        self.basic_get(queue, false).await
+    }
+
+    async fn basic_get(
+        &mut self,
+        queue: &str,
+        no_ack: bool,
+    ) -> Result<Option<RawDelivery>, RawAmqpError> {
         let mut get = method(60, 70);
-        get.u16(0).short_str(queue.as_bytes())?.u8(1);
+        get.u16(0).short_str(queue.as_bytes())?.u8(u8::from(no_ack));
         bounded(async {
             self.send(CHANNEL, get).await?;
             let (_, ids, args) = self.next_method().await?;
@@ -246,12 +261,13 @@ impl RawAmqp {
                 (60, 72) => Ok(None),
                 (60, 71) => {
                     let mut r = Reader(&args);
-                    r.u64()?;
+                    let delivery_tag = r.u64()?;
                     let redelivered = r.u8()? & 1 == 1;
                     let exchange = r.short_str()?;
                     let routing_key = r.short_str()?;
                     let (properties, body) = self.read_content().await?;
                     Ok(Some(RawDelivery {
+                        delivery_tag,
                         redelivered,
                         exchange,
                         routing_key,
