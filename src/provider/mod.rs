@@ -13,9 +13,10 @@ mod report;
 
 pub use charge::DECLINED_CARD;
 pub use knobs::{AfterCharge, Compare, Fate, KnobError, Knobs, OddAnswer, STATUS_ANSWERS};
+pub use ledger::LedgerError;
 pub use report::{Charge, ChargeState, KeyCharges, Stats};
 
-use ledger::{Ledger, LedgerError};
+use ledger::Ledger;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Executor;
 use std::str::FromStr;

@@ -11,6 +11,7 @@ mod simulator_answers;
 mod simulator_bodies;
 mod simulator_ledger;
 mod simulator_running;
+mod simulator_start;
 
 use dedupq::engine::{Decision, Engine, Outcome};
 use dedupq::handler::HttpHandler;
