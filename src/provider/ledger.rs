@@ -179,23 +179,35 @@ impl Ledger {
 }
 
 fn existing(row: &sqlx::postgres::PgRow) -> Existing {
-    let state: String = row.get("state");
-    if state == "pending" {
-        return Existing::Pending;
-    }
-    Existing::Finished {
-        body_hash: row.get("body_hash"),
-        request_hash: row.get("request_hash"),
-        answer: Answer {
-            status: if state == "declined" { 402 } else { 200 },
-            content_type: row
-                .get::<Option<String>, _>("response_type")
-                .unwrap_or_default(),
-            body: row
-                .get::<Option<Vec<u8>>, _>("response")
-                .unwrap_or_default(),
+    match stored_answer(row) {
+        None => Existing::Pending,
+        Some(answer) => Existing::Finished {
+            body_hash: row.get("body_hash"),
+            request_hash: row.get("request_hash"),
+            answer,
         },
     }
+}
+
+/// The answer a finished charge gave (a replay answers 200, a declined
+/// card 402), from a row with `state`, `response` and `response_type`;
+/// `None` while it is pending.
+pub(super) fn stored_answer(row: &sqlx::postgres::PgRow) -> Option<Answer> {
+    let state: String = row.get("state");
+    let status = match state.as_str() {
+        "pending" => return None,
+        "declined" => 402,
+        _ => 200,
+    };
+    Some(Answer {
+        status,
+        content_type: row
+            .get::<Option<String>, _>("response_type")
+            .unwrap_or_default(),
+        body: row
+            .get::<Option<Vec<u8>>, _>("response")
+            .unwrap_or_default(),
+    })
 }
 
 /// Inserts a pending charge, or a declined one with its answer.

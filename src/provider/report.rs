@@ -1,7 +1,7 @@
 //! What the simulator's ledger says: charges as listed, the lookup a
 //! reconciler asks, and counts a checker compares with dedupq's key table.
 
-use super::ledger::{Answer, Ledger};
+use super::ledger::{stored_answer, Answer, Ledger};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
@@ -100,21 +100,10 @@ impl Ledger {
         .bind(key)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else {
-            return Ok(Lookup::Unknown);
-        };
-        let state: String = row.get("state");
-        Ok(match state.as_str() {
-            "pending" => Lookup::Running,
-            _ => Lookup::Finished(Answer {
-                status: if state == "declined" { 402 } else { 200 },
-                content_type: row
-                    .get::<Option<String>, _>("response_type")
-                    .unwrap_or_default(),
-                body: row
-                    .get::<Option<Vec<u8>>, _>("response")
-                    .unwrap_or_default(),
-            }),
+        Ok(match row.as_ref().map(stored_answer) {
+            None => Lookup::Unknown,
+            Some(None) => Lookup::Running,
+            Some(Some(answer)) => Lookup::Finished(answer),
         })
     }
 

@@ -25,14 +25,12 @@ use crate::raw_amqp_publish::hostile_properties;
 use crate::support::amqp::{amqp_url, Client, Msg};
 use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawProperties};
 use crate::topology::{
-    consume_session, death_reason, is_parsing_error, quorum_queue, take_all, Limited,
+    consume_session, death_reason, is_parsing_error, open_consumer, quorum_queue, take_all,
+    Consuming, Limited,
 };
 use futures::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
 use std::time::Duration;
 
 /// Consumer sessions until one yields no parsing error for `quiet`, at
@@ -119,23 +117,12 @@ async fn deliver_and_return(queue: &str, cause: &str) {
         drop(raw);
         return;
     }
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .basic_qos(1, BasicQosOptions::default())
-        .await
-        .expect("qos");
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let Consuming {
+        connection,
+        channel,
+        mut consumer,
+        ..
+    } = open_consumer(queue, 1).await;
     let delivery = consumer.next().await.expect("a delivery").expect("parsed");
     // Otherwise a requeued delivery comes straight back to this consumer
     // and the close returns it a second time.

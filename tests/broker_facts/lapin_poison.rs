@@ -20,11 +20,10 @@
 use crate::raw_amqp_publish::hostile_properties;
 use crate::support::amqp::{amqp_url, Client};
 use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawProperties};
-use crate::topology::{is_parsing_error, quorum_queue};
+use crate::topology::{is_parsing_error, open_consumer, quorum_queue, Consuming};
 use futures::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ErrorKind, Event};
+use lapin::{ErrorKind, Event};
 use std::time::{Duration, Instant};
 
 /// What one lapin session saw of the message at the head of a queue.
@@ -40,24 +39,12 @@ struct Seen {
 }
 
 async fn receive_with_lapin(queue: &str) -> Seen {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("lapin connect");
-    let mut events = connection.events_listener();
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .basic_qos(1, BasicQosOptions { global: false })
-        .await
-        .expect("qos");
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
+    let Consuming {
+        connection,
+        mut events,
+        channel,
+        mut consumer,
+    } = open_consumer(queue, 1).await;
     let within = Duration::from_secs(5);
     let first = tokio::time::timeout(within, consumer.next()).await;
     let stream_failed_with_parsing_error =

@@ -4,6 +4,7 @@
 use crate::support::amqp::{amqp_url, Client};
 use crate::support::raw_amqp::{FieldValue, RawAmqp, RawDelivery, RawProperties};
 use crate::support::unique;
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -11,7 +12,7 @@ use lapin::options::{
     QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, Consumer, Event, ExchangeKind};
 use std::time::Duration;
 
 fn text(s: &str) -> AMQPValue {
@@ -112,6 +113,45 @@ pub fn death_reason(properties: &RawProperties) -> Option<Vec<u8>> {
     })
 }
 
+/// A lapin connection with one channel consuming one queue.
+pub struct Consuming {
+    pub connection: Connection,
+    /// The connection's events, listened to from before the consumer
+    /// started (lapin drops events no one listens to yet).
+    pub events: BoxStream<'static, Event>,
+    pub channel: Channel,
+    pub consumer: Consumer,
+}
+
+/// Connects and consumes `queue` with manual acks and `prefetch`, as
+/// dedupq does.
+pub async fn open_consumer(queue: &str, prefetch: u16) -> Consuming {
+    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("lapin connect");
+    let events = connection.events_listener().boxed();
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await
+        .expect("basic.qos");
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    Consuming {
+        connection,
+        events,
+        channel,
+        consumer,
+    }
+}
+
 /// How a consumer session ended.
 pub struct Session {
     /// What the consumer stream yielded before it failed or went quiet.
@@ -126,23 +166,11 @@ pub struct Session {
 /// or yields nothing for `quiet`. The connection is then closed (a no-op
 /// if lapin already dropped it), returning what was not acked.
 pub async fn consume_session(queue: &str, prefetch: u16, ack: bool, quiet: Duration) -> Session {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("lapin connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .basic_qos(prefetch, BasicQosOptions { global: false })
-        .await
-        .expect("basic.qos");
-    let mut consumer = channel
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("basic.consume");
+    let Consuming {
+        connection,
+        mut consumer,
+        ..
+    } = open_consumer(queue, prefetch).await;
     let mut session = Session {
         received: Vec::new(),
         error: None,
