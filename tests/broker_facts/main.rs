@@ -10,13 +10,15 @@
 //! - `innocent_deliveries`: (c) how a poison drags the other unacked
 //!   deliveries of its connection along (prefetch > 1) or not (prefetch 1);
 //! - `dead_letter_timing`: (d) how long a poison holds its queue with
-//!   dedupq's reconnect loop.
+//!   dedupq's reconnect loop;
+//! - `existing_queues`: (e) how queues that already exist get the limit.
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod dead_letter_timing;
 mod delivery_limit;
+mod existing_queues;
 mod innocent_deliveries;
 mod kafka_raw_headers;
 mod lapin_poison;

@@ -41,11 +41,30 @@ pub async fn quorum_queue(client: &Client, prefix: &str, mut args: FieldTable) -
 /// arguments dedupq's work queues are to carry.
 pub struct Limited {
     pub work: String,
+    pub exchange: String,
     pub dead_letters: String,
+}
+
+/// The work queue's arguments for `limit` and the dead-letter `exchange`.
+pub fn limit_arguments(limit: i32, exchange: &str) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit));
+    args.insert("x-dead-letter-exchange".into(), text(exchange));
+    args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+    args.insert("x-overflow".into(), text("reject-publish"));
+    args
 }
 
 impl Limited {
     pub async fn declare(client: &Client, limit: i32) -> Self {
+        let mut queues = Self::declare_without_limit(client).await;
+        queues.work = quorum_queue(client, "work", limit_arguments(limit, &queues.exchange)).await;
+        queues
+    }
+
+    /// The dead-letter side, and a work queue declared as dedupq declares
+    /// it today: quorum, with no limit.
+    pub async fn declare_without_limit(client: &Client) -> Self {
         let exchange = unique("dqt_facts_dlx");
         let channel = client.connection.create_channel().await.expect("channel");
         let durable = ExchangeDeclareOptions {
@@ -73,13 +92,12 @@ impl Limited {
             .await
             .expect("bind the dead-letter queue");
         let _ = channel.close(200, "declared".into()).await;
-        let mut args = FieldTable::default();
-        args.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit));
-        args.insert("x-dead-letter-exchange".into(), text(&exchange));
-        args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
-        args.insert("x-overflow".into(), text("reject-publish"));
-        let work = quorum_queue(client, "work", args).await;
-        Self { work, dead_letters }
+        let work = quorum_queue(client, "work", FieldTable::default()).await;
+        Self {
+            work,
+            exchange,
+            dead_letters,
+        }
     }
 
     /// Takes every message now in the dead-letter queue, as bytes.

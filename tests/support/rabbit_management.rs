@@ -54,3 +54,31 @@ pub async fn queue_info(queue: &str) -> serde_json::Value {
         .await
         .expect("queue JSON")
 }
+
+/// `PUT /api/policies/%2f/<name>` applying `definition` to queues whose
+/// name matches `pattern`. Only the policy of highest priority applies
+/// to a queue, so `definition` replaces the test expiry policy there.
+pub async fn put_policy(name: &str, pattern: &str, definition: serde_json::Value) {
+    client()
+        .put(format!("{}/api/policies/%2f/{name}", api()))
+        .basic_auth("guest", Some("guest"))
+        .json(&serde_json::json!({
+            "pattern": pattern,
+            "definition": definition,
+            "apply-to": "queues",
+            "priority": 10
+        }))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("management API: put policy");
+}
+
+/// `DELETE /api/policies/%2f/<name>` (best effort).
+pub async fn delete_policy(name: &str) {
+    let _ = client()
+        .delete(format!("{}/api/policies/%2f/{name}", api()))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await;
+}
