@@ -62,9 +62,15 @@ async fn run_provider(args: dedupq::cli::ProviderArgs, settings: &Settings) -> a
         fail_rate: args.fail_rate,
         decline_rate: args.decline_rate,
         hang_after_charge_rate: args.hang_after_charge_rate,
+        slow_after_charge: args.slow_after_charge,
+        slow_after_charge_rate: args.slow_after_charge_rate,
+        compare: args.compare,
         honour_keys: !args.ignore_keys,
         ..Default::default()
     };
+    if let Err(e) = knobs.validate() {
+        anyhow::bail!("invalid --{}: {}", e.knob.replace('_', "-"), e.problem);
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
     let shutdown = tokio_util::sync::CancellationToken::new();

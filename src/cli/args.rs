@@ -96,6 +96,18 @@ pub struct ProviderArgs {
     /// Charge on every request, ignoring Idempotency-Key.
     #[arg(long)]
     pub ignore_keys: bool,
+    /// How a repeated key's body is compared with the first: json
+    /// (canonical JSON) or bytes (any byte difference answers 422).
+    #[arg(long, value_enum, default_value = "json")]
+    pub compare: crate::provider::Compare,
+    /// How long a slow request runs after charging before it answers (see
+    /// --slow-after-charge-rate).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub slow_after_charge: std::time::Duration,
+    /// Share of requests that charge, then answer only after
+    /// --slow-after-charge (0..1); a repeat meanwhile gets 409.
+    #[arg(long, default_value_t = 0.0)]
+    pub slow_after_charge_rate: f64,
 }
 
 #[derive(Debug, clap::Args)]

@@ -5,11 +5,40 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// How a repeated key's body is compared with the first one's.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Compare {
+    /// Canonical JSON: key order and insignificant whitespace do not matter.
+    #[default]
+    Json,
+    /// Any byte difference is another body (as a provider hashing the raw
+    /// request does).
+    Bytes,
+}
+
+/// An answer after charging that a careless client may choke on.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OddAnswer {
+    /// Valid JSON with a `\u0000` escape in a string (PostgreSQL's jsonb
+    /// refuses it).
+    NulEscape,
+    /// A raw NUL byte and bytes that are not UTF-8: not JSON at all,
+    /// though labelled `application/json`.
+    RawBytes,
+}
+
+/// Statuses the simulator can answer instead of charging: configuration
+/// faults and redirects (whose `Location` is the charge listing).
+pub const STATUS_ANSWERS: [u16; 9] = [301, 302, 303, 307, 308, 401, 403, 404, 405];
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Knobs {
     /// Time between recording a charge and answering (the window in which
-    /// a client crash leaves an effect without a stored result).
+    /// a client crash leaves an effect without a stored result). The key
+    /// counts as running (409 to a repeat) during it.
     #[serde(with = "humantime_serde")]
     pub latency: Duration,
     /// Share of requests answered 503 before any charge.
@@ -18,12 +47,33 @@ pub struct Knobs {
     pub fail_next: u32,
     /// Share of charges declined (402). Card 4000000000000002 is always declined.
     pub decline_rate: f64,
-    /// Share of requests that charge and then never answer.
+    /// Share of requests that charge and then never answer; the key counts
+    /// as running until the caller hangs up.
     pub hang_after_charge_rate: f64,
     /// The next N requests charge and then never answer.
     pub hang_after_charge_next: u32,
     /// The next N requests are never answered and charge nothing.
     pub hang_before_charge_next: u32,
+    /// How long a slow request runs after charging before it answers (it
+    /// runs on if the caller hangs up; the key counts as running).
+    #[serde(with = "humantime_serde")]
+    pub slow_after_charge: Duration,
+    /// Share of requests that are slow after charging.
+    pub slow_after_charge_rate: f64,
+    /// The next N requests are slow after charging.
+    pub slow_after_charge_next: u32,
+    /// The status answered instead of charging (one of `STATUS_ANSWERS`).
+    pub answer_status: Option<u16>,
+    /// Share of requests answered `answer_status`, with no charge.
+    pub answer_status_rate: f64,
+    /// The next N requests are answered `answer_status`, with no charge.
+    pub answer_status_next: u32,
+    /// The answer the next `odd_answer_next` charges get (and keep: a
+    /// repeat replays it).
+    pub odd_answer: Option<OddAnswer>,
+    pub odd_answer_next: u32,
+    /// How a repeated key's body is compared with the first.
+    pub compare: Compare,
     /// Honour Idempotency-Key (a real provider should). Off: every request
     /// charges, to show what a provider without idempotency does.
     pub honour_keys: bool,
@@ -32,47 +82,167 @@ pub struct Knobs {
 impl Default for Knobs {
     fn default() -> Self {
         Self {
-            latency: Duration::from_millis(0),
+            latency: Duration::ZERO,
             fail_rate: 0.0,
             fail_next: 0,
             decline_rate: 0.0,
             hang_after_charge_rate: 0.0,
             hang_after_charge_next: 0,
             hang_before_charge_next: 0,
+            slow_after_charge: Duration::ZERO,
+            slow_after_charge_rate: 0.0,
+            slow_after_charge_next: 0,
+            answer_status: None,
+            answer_status_rate: 0.0,
+            answer_status_next: 0,
+            odd_answer: None,
+            odd_answer_next: 0,
+            compare: Compare::Json,
             honour_keys: true,
         }
     }
+}
+
+/// A knob with a value the simulator cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("provider knob {knob}: {problem}")]
+pub struct KnobError {
+    pub knob: String,
+    pub problem: String,
+}
+
+/// What happens after a request charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCharge {
+    /// Answer after `latency`.
+    Answer,
+    /// Answer after this long.
+    Slow(Duration),
+    /// Never answer.
+    Hang,
 }
 
 /// What the knobs decide for one request, drawn once when it arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fate {
     pub fail: bool,
+    /// Answer this status instead of charging.
+    pub status_instead: Option<u16>,
     pub decline: bool,
     pub hang_before_charge: bool,
-    pub hang_after_charge: bool,
+    pub after_charge: AfterCharge,
+    pub odd_answer: Option<OddAnswer>,
 }
 
 impl Knobs {
-    /// Draws the fate of one request, consuming one of each `*_next` count.
+    /// Refuses values no request could be served with, naming the knob.
+    pub fn validate(&self) -> Result<(), KnobError> {
+        let rates = [
+            ("fail_rate", self.fail_rate),
+            ("decline_rate", self.decline_rate),
+            ("hang_after_charge_rate", self.hang_after_charge_rate),
+            ("slow_after_charge_rate", self.slow_after_charge_rate),
+            ("answer_status_rate", self.answer_status_rate),
+        ];
+        for (knob, rate) in rates {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(KnobError {
+                    knob: knob.into(),
+                    problem: format!("{rate} is not a share between 0 and 1"),
+                });
+            }
+        }
+        match self.answer_status {
+            Some(s) if !STATUS_ANSWERS.contains(&s) => Err(KnobError {
+                knob: "answer_status".into(),
+                problem: format!("{s} is not one of {STATUS_ANSWERS:?}"),
+            }),
+            None if self.answer_status_rate > 0.0 || self.answer_status_next > 0 => {
+                Err(KnobError {
+                    knob: "answer_status".into(),
+                    problem: "set it to the status to answer".into(),
+                })
+            }
+            _ if self.odd_answer.is_none() && self.odd_answer_next > 0 => Err(KnobError {
+                knob: "odd_answer".into(),
+                problem: "set it to nul_escape or raw_bytes".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// These knobs with the fields of `patch` (a JSON object) replaced,
+    /// validated; an error names the first knob that does not fit.
+    pub fn patched(&self, patch: serde_json::Value) -> Result<Knobs, KnobError> {
+        let serde_json::Value::Object(fields) = patch else {
+            return Err(KnobError {
+                knob: "knobs".into(),
+                problem: "expected a JSON object of knobs".into(),
+            });
+        };
+        let mut merged = serde_json::to_value(self).map_err(|e| KnobError {
+            knob: "knobs".into(),
+            problem: e.to_string(),
+        })?;
+        for (knob, value) in fields {
+            merged[&knob] = value;
+            if let Err(e) = serde_json::from_value::<Knobs>(merged.clone()) {
+                return Err(KnobError {
+                    knob,
+                    problem: e.to_string(),
+                });
+            }
+        }
+        let new: Knobs = serde_json::from_value(merged).map_err(|e| KnobError {
+            knob: "knobs".into(),
+            problem: e.to_string(),
+        })?;
+        new.validate()?;
+        Ok(new)
+    }
+
+    /// Draws the fate of one request, consuming one of each `*_next` count
+    /// it uses.
     pub fn draw(&mut self) -> Fate {
         let mut rng = rand::rng();
-        let take = |n: &mut u32| {
-            let hit = *n > 0;
-            *n = n.saturating_sub(1);
-            hit
+        let mut hit = |next: &mut u32, rate: f64| {
+            let taken = *next > 0;
+            *next = next.saturating_sub(1);
+            taken || rng.random_bool(rate.clamp(0.0, 1.0))
         };
-        let fail = take(&mut self.fail_next) || rng.random_bool(self.fail_rate.clamp(0.0, 1.0));
-        let hang_before_charge = !fail && take(&mut self.hang_before_charge_next);
-        let hang_after_charge = !fail
-            && !hang_before_charge
-            && (take(&mut self.hang_after_charge_next)
-                || rng.random_bool(self.hang_after_charge_rate.clamp(0.0, 1.0)));
+        let fail = hit(&mut self.fail_next, self.fail_rate);
+        let status_instead = (!fail && hit(&mut self.answer_status_next, self.answer_status_rate))
+            .then_some(self.answer_status)
+            .flatten();
+        let answers_early = fail || status_instead.is_some();
+        let hang_before_charge = !answers_early && hit(&mut self.hang_before_charge_next, 0.0);
+        let charges = !answers_early && !hang_before_charge;
+        let after_charge = if charges
+            && hit(
+                &mut self.hang_after_charge_next,
+                self.hang_after_charge_rate,
+            ) {
+            AfterCharge::Hang
+        } else if charges
+            && hit(
+                &mut self.slow_after_charge_next,
+                self.slow_after_charge_rate,
+            )
+        {
+            AfterCharge::Slow(self.slow_after_charge)
+        } else {
+            AfterCharge::Answer
+        };
+        let odd_answer = (charges && hit(&mut self.odd_answer_next, 0.0))
+            .then_some(self.odd_answer)
+            .flatten();
         Fate {
             fail,
+            status_instead,
             decline: rng.random_bool(self.decline_rate.clamp(0.0, 1.0)),
             hang_before_charge,
-            hang_after_charge,
+            after_charge,
+            odd_answer,
         }
     }
 }

@@ -1,19 +1,28 @@
 //! The simulator's charges, in PostgreSQL: the ground truth tests and the
-//! demo count effects against.
+//! demo count effects against. Requests and answers are kept as the bytes
+//! that went over the wire.
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sqlx::{PgPool, Row};
 
 const SCHEMA_SQL: &str = r#"
 CREATE TABLE IF NOT EXISTS provider_charges (
     id              bigserial PRIMARY KEY,
     idempotency_key text COLLATE "C",
+    -- False once the provider forgot its keys: the charge stays, but a
+    -- request with its key no longer finds it (and charges again).
+    remembered      boolean     NOT NULL DEFAULT true,
     tenant          text,
-    body            jsonb       NOT NULL,
+    -- The body's payment_id, to count double charges of one payment.
+    payment_id      text,
+    request         bytea       NOT NULL,
+    content_type    text,
+    -- SHA-256 of the canonical JSON and of the raw bytes: the two ways a
+    -- repeated key's body is compared.
     body_hash       text        NOT NULL,
+    request_hash    text        NOT NULL,
     state           text        NOT NULL CHECK (state IN ('pending', 'succeeded', 'declined')),
-    response        jsonb,
+    response        bytea,
+    response_type   text,
     -- Who asked (X-Dedupq-Owner / X-Dedupq-Attempt), and whether the answer
     -- was sent: a charge whose answer never left is one the caller could
     -- not know about.
@@ -22,22 +31,28 @@ CREATE TABLE IF NOT EXISTS provider_charges (
     created_at      timestamptz NOT NULL DEFAULT now(),
     answered_at     timestamptz
 );
-CREATE INDEX IF NOT EXISTS provider_charges_by_key ON provider_charges (idempotency_key);
-CREATE INDEX IF NOT EXISTS provider_charges_by_body ON provider_charges (body_hash);
+CREATE INDEX IF NOT EXISTS provider_charges_remembered_key
+    ON provider_charges (idempotency_key) WHERE remembered;
+CREATE INDEX IF NOT EXISTS provider_charges_by_payment ON provider_charges (tenant, payment_id);
 "#;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Charge {
-    pub id: i64,
-    pub owner: Option<String>,
-    pub attempt: Option<i32>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    pub answered_at: Option<chrono::DateTime<chrono::Utc>>,
-    pub idempotency_key: Option<String>,
-    pub tenant: Option<String>,
-    pub body: Value,
-    pub state: String,
-    pub response: Option<Value>,
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("the provider's database refused a statement")]
+    Database(#[from] sqlx::Error),
+    #[error(
+        "the schema holds provider_charges of an older simulator (no request column): \
+         choose another --schema or drop that table"
+    )]
+    OldLayout,
+}
+
+/// An answer as sent: its status, content type and bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
 }
 
 /// What an earlier request with the same key left behind.
@@ -45,11 +60,12 @@ pub enum Existing {
     Pending,
     Finished {
         body_hash: String,
-        response: Value,
-        declined: bool,
+        request_hash: String,
+        answer: Answer,
     },
 }
 
+/// Who asked.
 pub struct Caller<'a> {
     pub key: Option<&'a str>,
     pub tenant: Option<&'a str>,
@@ -57,39 +73,45 @@ pub struct Caller<'a> {
     pub attempt: Option<i32>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Stats {
-    /// Charges that moved money (pending or succeeded).
-    pub charges: i64,
-    pub declined: i64,
-    /// Distinct idempotency keys among charges.
-    pub keys: i64,
-    /// Payments charged more than once (a payment: tenant and the body's
-    /// `payment_id`, or the whole body when it has none).
-    pub double_charged: i64,
+/// One charge request as received.
+pub struct Received<'a> {
+    pub caller: Caller<'a>,
+    pub bytes: &'a [u8],
+    pub content_type: Option<&'a str>,
+    pub body_hash: String,
+    pub request_hash: String,
+    pub payment_id: Option<String>,
 }
 
 #[derive(Clone)]
 pub struct Ledger {
-    pool: PgPool,
+    pub(super) pool: PgPool,
 }
 
 impl Ledger {
-    pub async fn open(pool: PgPool) -> Result<Self, sqlx::Error> {
+    pub async fn open(pool: PgPool) -> Result<Self, LedgerError> {
+        let old: bool = sqlx::query_scalar(
+            "SELECT to_regclass('provider_charges') IS NOT NULL AND NOT EXISTS ( \
+               SELECT 1 FROM pg_attribute \
+               WHERE attrelid = to_regclass('provider_charges') AND attname = 'request')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        if old {
+            return Err(LedgerError::OldLayout);
+        }
         sqlx::raw_sql(SCHEMA_SQL).execute(&pool).await?;
         Ok(Self { pool })
     }
 
-    /// Records a charge unless the key was seen, under a per-key lock so
-    /// two concurrent requests with one key cannot both charge. Returns the
-    /// new charge id, or what the key already has.
+    /// Records a charge unless the key is remembered, under a per-key lock
+    /// so two concurrent requests with one key cannot both charge. Returns
+    /// the new charge id, or what the key already has.
     pub async fn charge_once(
         &self,
         key: &str,
-        caller: &Caller<'_>,
-        body: &Value,
-        body_hash: &str,
-        declined: bool,
+        received: &Received<'_>,
+        declined: Option<&Answer>,
     ) -> Result<Result<i64, Existing>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
@@ -97,28 +119,16 @@ impl Ledger {
             .execute(&mut *tx)
             .await?;
         let row = sqlx::query(
-            "SELECT state, body_hash, response FROM provider_charges \
-             WHERE idempotency_key = $1 ORDER BY id LIMIT 1",
+            "SELECT state, body_hash, request_hash, response, response_type FROM provider_charges \
+             WHERE idempotency_key = $1 AND remembered ORDER BY id LIMIT 1",
         )
         .bind(key)
         .fetch_optional(&mut *tx)
         .await?;
         if let Some(row) = row {
-            let state: String = row.get("state");
-            return Ok(Err(match state.as_str() {
-                "pending" => Existing::Pending,
-                _ => Existing::Finished {
-                    body_hash: row.get("body_hash"),
-                    response: row
-                        .get::<Option<Value>, _>("response")
-                        .unwrap_or(Value::Null),
-                    declined: state == "declined",
-                },
-            }));
+            return Ok(Err(existing(&row)));
         }
-        let id = self
-            .insert(&mut tx, caller, body, body_hash, declined)
-            .await?;
+        let id = insert(&mut tx, received, declined).await?;
         tx.commit().await?;
         Ok(Ok(id))
     }
@@ -126,111 +136,110 @@ impl Ledger {
     /// Records a charge with no idempotency check at all.
     pub async fn charge_always(
         &self,
-        caller: &Caller<'_>,
-        body: &Value,
-        body_hash: &str,
-        declined: bool,
+        received: &Received<'_>,
+        declined: Option<&Answer>,
     ) -> Result<i64, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
-        self.insert(&mut conn, caller, body, body_hash, declined)
-            .await
+        insert(&mut conn, received, declined).await
     }
 
-    async fn insert(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        caller: &Caller<'_>,
-        body: &Value,
-        body_hash: &str,
-        declined: bool,
-    ) -> Result<i64, sqlx::Error> {
-        let state = if declined { "declined" } else { "pending" };
-        let response = declined.then(|| serde_json::json!({"error": "card_declined"}));
-        sqlx::query_scalar(
-            "INSERT INTO provider_charges \
-             (idempotency_key, tenant, body, body_hash, state, response, owner, attempt, answered_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $5 = 'declined' THEN now() END) RETURNING id",
-        )
-        .bind(caller.key)
-        .bind(caller.tenant)
-        .bind(body)
-        .bind(body_hash)
-        .bind(state)
-        .bind(response)
-        .bind(caller.owner)
-        .bind(caller.attempt)
-        .fetch_one(conn)
-        .await
-    }
-
-    /// Marks a charge succeeded; `answered` when the answer is about to be sent.
-    pub async fn succeed(
-        &self,
-        id: i64,
-        response: &Value,
-        answered: bool,
-    ) -> Result<(), sqlx::Error> {
+    /// Marks a charge succeeded with the answer it gives (or would have
+    /// given, had its caller waited).
+    pub async fn succeed(&self, id: i64, answer: &Answer) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "UPDATE provider_charges SET state = 'succeeded', response = $2, \
-             answered_at = CASE WHEN $3 THEN now() END WHERE id = $1",
+            "UPDATE provider_charges SET state = 'succeeded', response = $2, response_type = $3 \
+             WHERE id = $1",
         )
         .bind(id)
-        .bind(response)
-        .bind(answered)
+        .bind(&answer.body)
+        .bind(&answer.content_type)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
-    pub async fn list(
-        &self,
-        key: Option<&str>,
-        tenant: Option<&str>,
-    ) -> Result<Vec<Charge>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT id, idempotency_key, tenant, body, state, response, owner, attempt, created_at, answered_at \
-             FROM provider_charges \
-             WHERE ($1::text IS NULL OR idempotency_key = $1) AND ($2::text IS NULL OR tenant = $2) \
-             ORDER BY id",
-        )
-        .bind(key)
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Charge {
-                id: r.get("id"),
-                owner: r.get("owner"),
-                attempt: r.get("attempt"),
-                created_at: r.get("created_at"),
-                answered_at: r.get("answered_at"),
-                idempotency_key: r.get("idempotency_key"),
-                tenant: r.get("tenant"),
-                body: r.get("body"),
-                state: r.get("state"),
-                response: r.get("response"),
-            })
-            .collect())
+    /// Notes that a charge's answer is being sent to a caller still there.
+    pub async fn mark_answered(&self, id: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE provider_charges SET answered_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
-    pub async fn stats(&self) -> Result<Stats, sqlx::Error> {
-        let row = sqlx::query(
-            "SELECT count(*) FILTER (WHERE state <> 'declined') AS charges, \
-                    count(*) FILTER (WHERE state = 'declined') AS declined, \
-                    count(DISTINCT idempotency_key) FILTER (WHERE state <> 'declined') AS keys, \
-                    (SELECT count(*) FROM (SELECT 1 FROM provider_charges WHERE state <> 'declined' \
-                        GROUP BY tenant, coalesce(body->>'payment_id', body_hash) HAVING count(*) > 1) d) \
-                        AS double_charged \
-             FROM provider_charges",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(Stats {
-            charges: row.get("charges"),
-            declined: row.get("declined"),
-            keys: row.get("keys"),
-            double_charged: row.get("double_charged"),
-        })
+    /// Forgets every key (as a provider does after its retention, often
+    /// 24 h): charges stay, a repeated key charges again. Returns how many
+    /// charges were remembered.
+    pub async fn forget_keys(&self) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query("UPDATE provider_charges SET remembered = false WHERE remembered")
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
+}
+
+fn existing(row: &sqlx::postgres::PgRow) -> Existing {
+    match stored_answer(row) {
+        None => Existing::Pending,
+        Some(answer) => Existing::Finished {
+            body_hash: row.get("body_hash"),
+            request_hash: row.get("request_hash"),
+            answer,
+        },
+    }
+}
+
+/// The answer a finished charge gave (a replay answers 200, a declined
+/// card 402), from a row with `state`, `response` and `response_type`;
+/// `None` while it is pending.
+pub(super) fn stored_answer(row: &sqlx::postgres::PgRow) -> Option<Answer> {
+    let state: String = row.get("state");
+    let status = match state.as_str() {
+        "pending" => return None,
+        "declined" => 402,
+        _ => 200,
+    };
+    Some(Answer {
+        status,
+        content_type: row
+            .get::<Option<String>, _>("response_type")
+            .unwrap_or_default(),
+        body: row
+            .get::<Option<Vec<u8>>, _>("response")
+            .unwrap_or_default(),
+    })
+}
+
+/// Inserts a pending charge, or a declined one with its answer.
+async fn insert(
+    conn: &mut sqlx::PgConnection,
+    r: &Received<'_>,
+    declined: Option<&Answer>,
+) -> Result<i64, sqlx::Error> {
+    let state = if declined.is_some() {
+        "declined"
+    } else {
+        "pending"
+    };
+    sqlx::query_scalar(
+        "INSERT INTO provider_charges (idempotency_key, tenant, payment_id, request, content_type, \
+           body_hash, request_hash, state, response, response_type, owner, attempt, answered_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+           CASE WHEN $8 = 'declined' THEN now() END) \
+         RETURNING id",
+    )
+    .bind(r.caller.key)
+    .bind(r.caller.tenant)
+    .bind(r.payment_id.as_deref())
+    .bind(r.bytes)
+    .bind(r.content_type)
+    .bind(&r.body_hash)
+    .bind(&r.request_hash)
+    .bind(state)
+    .bind(declined.map(|a| a.body.as_slice()))
+    .bind(declined.map(|a| a.content_type.as_str()))
+    .bind(r.caller.owner)
+    .bind(r.caller.attempt)
+    .fetch_one(conn)
+    .await
 }

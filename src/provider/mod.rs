@@ -1,15 +1,20 @@
 //! `dedupq provider`: a payment-provider simulator backed by PostgreSQL.
-//! It charges once per Idempotency-Key (unless told not to), and can add
-//! latency, fail, decline and hang, so tests and the demo can count real
-//! effects.
+//! It charges once per Idempotency-Key (unless told not to), as a
+//! Stripe-like provider does, and can add latency, fail, decline, hang,
+//! answer statuses instead of charging, answer odd bodies and forget its
+//! keys, so tests and the demo can count real effects.
 
+mod answer;
 mod api;
+mod charge;
 mod knobs;
 mod ledger;
+mod report;
 
-pub use api::DECLINED_CARD;
-pub use knobs::{Fate, Knobs};
-pub use ledger::{Charge, Stats};
+pub use charge::DECLINED_CARD;
+pub use knobs::{AfterCharge, Compare, Fate, KnobError, Knobs, OddAnswer, STATUS_ANSWERS};
+pub use ledger::LedgerError;
+pub use report::{Charge, ChargeState, KeyCharges, Stats};
 
 use ledger::Ledger;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -23,6 +28,10 @@ use tokio_util::sync::CancellationToken;
 pub enum ProviderError {
     #[error("the provider's database is unreachable or refused the schema")]
     Database(#[from] sqlx::Error),
+    #[error("the provider's schema cannot be used")]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Knobs(#[from] KnobError),
     #[error("serving HTTP failed")]
     Serve(#[from] std::io::Error),
 }
@@ -36,6 +45,7 @@ pub async fn serve(
     knobs: Knobs,
     shutdown: CancellationToken,
 ) -> Result<(), ProviderError> {
+    knobs.validate()?;
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect(database_url)

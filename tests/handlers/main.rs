@@ -7,6 +7,11 @@ mod support;
 mod provider_faults;
 mod provider_latency;
 mod simulator;
+mod simulator_answers;
+mod simulator_bodies;
+mod simulator_ledger;
+mod simulator_running;
+mod simulator_start;
 
 use dedupq::engine::{Decision, Engine, Outcome};
 use std::sync::Arc;

@@ -5,7 +5,11 @@
 pub mod amqp;
 pub mod handlers;
 pub mod kafka;
+pub mod kafka_raw;
 pub mod process;
+pub mod provider_api;
+pub mod rabbit_management;
+pub mod raw_amqp;
 
 use dedupq::config::{IdentitySettings, Settings, StoreSettings};
 use dedupq::engine::{Engine, EngineOptions, Incoming, Parser, Source};

@@ -1,0 +1,112 @@
+//! The simulator's answers: charges (plain or odd), declines, errors, and
+//! the statuses it can answer instead of charging.
+
+use super::knobs::OddAnswer;
+use super::ledger::Answer;
+use axum::http::header::{ALLOW, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+const JSON: &str = "application/json";
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let content_type = HeaderValue::from_str(&self.content_type)
+            .unwrap_or_else(|_| HeaderValue::from_static(JSON));
+        (status, [(CONTENT_TYPE, content_type)], self.body).into_response()
+    }
+}
+
+pub fn error(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> Response {
+    (
+        status,
+        Json(json!({ "error": code, "detail": detail.to_string() })),
+    )
+        .into_response()
+}
+
+/// The answer to a fresh charge: 201 with the charge, or an odd body.
+pub fn charged(
+    id: i64,
+    body: &Value,
+    key: Option<&str>,
+    request_sha256: &str,
+    odd: Option<OddAnswer>,
+) -> Answer {
+    let mut charge = json!({
+        "id": format!("ch_{id}"),
+        "status": "succeeded",
+        "amount": body.get("amount"),
+        "currency": body.get("currency"),
+        "idempotency_key": key,
+        "request_sha256": request_sha256,
+    });
+    if odd == Some(OddAnswer::NulEscape) {
+        charge["note"] = Value::String("before\u{0}after".into());
+    }
+    let mut bytes = serde_json::to_vec(&charge).unwrap_or_default();
+    if odd == Some(OddAnswer::RawBytes) {
+        // Replace the closing brace: a string with a raw NUL and bytes that
+        // are not UTF-8 (serde_json would escape or refuse them).
+        bytes.pop();
+        bytes.extend_from_slice(b",\"note\":\"before\x00\xff\xfeafter\"}");
+    }
+    Answer {
+        status: 201,
+        content_type: JSON.into(),
+        body: bytes,
+    }
+}
+
+/// The answer to a declined card, kept and replayed as it was sent.
+pub fn declined() -> Answer {
+    let body = json!({ "error": "card_declined", "detail": "the card was declined" });
+    Answer {
+        status: 402,
+        content_type: JSON.into(),
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
+/// A status answered instead of charging: a redirect to the charge
+/// listing (which a client that follows it turns into a GET, or a second
+/// POST on 307/308), or a configuration fault.
+pub fn instead_of_charging(status: u16, request: &HeaderMap) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = error(
+        code,
+        &code_name(code),
+        "answered by the simulator, nothing charged",
+    );
+    let headers = response.headers_mut();
+    if code.is_redirection() {
+        let location = match request.get("host").and_then(|h| h.to_str().ok()) {
+            Some(host) => format!("http://{host}/charges"),
+            None => "/charges".into(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&location) {
+            headers.insert(LOCATION, v);
+        }
+    }
+    match code {
+        StatusCode::UNAUTHORIZED => {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            headers.insert(ALLOW, HeaderValue::from_static("GET"));
+        }
+        _ => {}
+    }
+    response
+}
+
+/// `moved_permanently`, `unauthorized`, … from the status's reason.
+fn code_name(code: StatusCode) -> String {
+    code.canonical_reason()
+        .unwrap_or("answered")
+        .to_ascii_lowercase()
+        .replace(' ', "_")
+}

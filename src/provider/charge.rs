@@ -1,0 +1,202 @@
+//! `POST /charges`: charge once per Idempotency-Key, as a Stripe-like
+//! provider does: a repeat replays the first answer, a repeat while the
+//! first request runs gets 409, a repeat with another body gets 422.
+
+use super::answer::{self, error};
+use super::api::AppState;
+use super::knobs::{AfterCharge, Compare, Fate, Knobs};
+use super::ledger::{Answer, Caller, Existing, Ledger, Received};
+use crate::fingerprint::{hex, write_canonical};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The card number that is always declined (as in common provider test suites).
+pub const DECLINED_CARD: &str = "4000000000000002";
+
+fn internal(e: sqlx::Error) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable", e)
+}
+
+fn canonical_hash(body: &Value) -> String {
+    let mut canonical = String::new();
+    write_canonical(body, &mut canonical);
+    hex(&Sha256::digest(canonical.as_bytes()))
+}
+
+pub(super) async fn create_charge(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Response {
+    let body: Value = match serde_json::from_slice(&raw) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_json", e),
+    };
+    let (fate, knobs) = {
+        let mut k = s.knobs.lock().unwrap_or_else(|e| e.into_inner());
+        (k.draw(), k.clone())
+    };
+    if fate.fail {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "injected failure",
+        );
+    }
+    if let Some(status) = fate.status_instead {
+        return answer::instead_of_charging(status, &headers);
+    }
+    if fate.hang_before_charge {
+        std::future::pending::<()>().await;
+    }
+    let received = receive(&headers, &raw, &body);
+    let key = received.caller.key;
+    let card = body.get("card").and_then(Value::as_str);
+    let declined = (fate.decline || card == Some(DECLINED_CARD)).then(answer::declined);
+    let id = match (key, knobs.honour_keys) {
+        (Some(key), true) => match s
+            .ledger
+            .charge_once(key, &received, declined.as_ref())
+            .await
+        {
+            Ok(Ok(id)) => id,
+            Ok(Err(existing)) => return repeat(existing, &received, knobs.compare),
+            Err(e) => return internal(e),
+        },
+        _ => match s.ledger.charge_always(&received, declined.as_ref()).await {
+            Ok(id) => id,
+            Err(e) => return internal(e),
+        },
+    };
+    if let Some(declined) = declined {
+        return declined.into_response();
+    }
+    let answer = answer::charged(id, &body, key, &received.request_hash, fate.odd_answer);
+    finish(&s.ledger, id, answer, &fate, &knobs).await
+}
+
+/// The request as the ledger records it.
+fn receive<'a>(headers: &'a HeaderMap, raw: &'a [u8], body: &Value) -> Received<'a> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let key = header("idempotency-key");
+    Received {
+        caller: Caller {
+            key,
+            tenant: key.and_then(|k| k.split_once(':')).map(|(t, _)| t),
+            owner: header("x-dedupq-owner"),
+            attempt: header("x-dedupq-attempt").and_then(|a| a.parse().ok()),
+        },
+        bytes: raw,
+        content_type: header("content-type"),
+        body_hash: canonical_hash(body),
+        request_hash: hex(&Sha256::digest(raw)),
+        payment_id: body.get("payment_id").and_then(payment_id),
+    }
+}
+
+fn payment_id(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// The answer to a key seen before.
+fn repeat(existing: Existing, received: &Received<'_>, compare: Compare) -> Response {
+    match existing {
+        Existing::Pending => error(
+            StatusCode::CONFLICT,
+            "in_progress",
+            "a request with this key is still running",
+        ),
+        Existing::Finished {
+            body_hash,
+            request_hash,
+            answer,
+        } => {
+            let same = match compare {
+                Compare::Json => body_hash == received.body_hash,
+                Compare::Bytes => request_hash == received.request_hash,
+            };
+            if !same {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this key was used with a different body",
+                );
+            }
+            let mut response = answer.into_response();
+            response.headers_mut().insert(
+                "idempotent-replayed",
+                "true".parse().expect("a header value"),
+            );
+            response
+        }
+    }
+}
+
+/// Completes a recorded charge and answers, as the fate says. The key
+/// counts as running (409 to a repeat) until the charge completes.
+async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &Knobs) -> Response {
+    let wait = match fate.after_charge {
+        AfterCharge::Answer => knobs.latency,
+        AfterCharge::Slow(d) => knobs.latency + d,
+        AfterCharge::Hang => {
+            // Running while the caller waits; once it hangs up (this future
+            // is dropped) the charge completes, as a provider finishes an
+            // operation whose client left.
+            let _complete = CompleteOnDrop {
+                ledger: ledger.clone(),
+                id,
+                answer: Some(answer),
+            };
+            return std::future::pending::<Response>().await;
+        }
+    };
+    // Spawned: a charge, once recorded, completes even if the caller hangs
+    // up (as a real provider's does); otherwise it would stay running and
+    // answer every retry with 409.
+    let completing = {
+        let (ledger, answer) = (ledger.clone(), answer.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            ledger.succeed(id, &answer).await
+        })
+    };
+    match completing.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return internal(e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e),
+    }
+    if let Err(e) = ledger.mark_answered(id).await {
+        return internal(e);
+    }
+    answer.into_response()
+}
+
+struct CompleteOnDrop {
+    ledger: Ledger,
+    id: i64,
+    answer: Option<Answer>,
+}
+
+impl Drop for CompleteOnDrop {
+    fn drop(&mut self) {
+        let (Some(answer), Ok(runtime)) =
+            (self.answer.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let (ledger, id) = (self.ledger.clone(), self.id);
+        runtime.spawn(async move {
+            if let Err(e) = ledger.succeed(id, &answer).await {
+                tracing::warn!(error = %e, id, "completing a hung charge failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,146 @@
+//! The simulator's ledger for reconciliation and checks: the lookup by
+//! key, forgetting keys, and per-key counts to compare with dedupq's keys.
+
+use crate::support::process::Provider;
+use dedupq::provider::{Knobs, DECLINED_CARD};
+use serde_json::json;
+use std::time::Duration;
+
+const JSON: &str = "application/json";
+
+#[tokio::test]
+async fn the_lookup_answers_what_a_retry_would_without_charging() {
+    let provider = Provider::start(Knobs::default()).await;
+    let declined = json!({"amount": 2, "card": DECLINED_CARD}).to_string();
+
+    let unknown = provider.lookup("acme:none").await;
+    let charge = provider.post_raw("acme:ok", JSON, br#"{"amount":1}"#).await;
+    let charged = charge.bytes().await.unwrap();
+    let decline = provider
+        .post_raw("acme:no", JSON, declined.as_bytes())
+        .await;
+    let decline = decline.bytes().await.unwrap();
+    let found = provider.lookup("acme:ok").await;
+    let refused = provider.lookup("acme:no").await;
+
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(found.status(), 200);
+    assert_eq!(
+        found.bytes().await.unwrap(),
+        charged,
+        "the body the POST answered"
+    );
+    assert_eq!(refused.status(), 402);
+    assert_eq!(refused.bytes().await.unwrap(), decline);
+    let stats = provider.stats().await;
+    assert_eq!(
+        (stats.charges, stats.declined),
+        (1, 1),
+        "lookups charge nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_lookup_of_a_key_whose_request_still_runs_is_409() {
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let running = {
+        let provider_url = provider.charges_url();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(provider_url)
+                .header("idempotency-key", "acme:slow")
+                .json(&json!({"amount": 1}))
+                .send()
+                .await
+        })
+    };
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the charge is recorded",
+        || async { (!provider.charges_for("acme:slow").await.is_empty()).then_some(()) },
+    )
+    .await;
+
+    let during = provider.lookup("acme:slow").await;
+    let answered = running.await.unwrap().unwrap();
+    let after = provider.lookup("acme:slow").await;
+
+    assert_eq!(during.status(), 409);
+    assert_eq!(answered.status(), 201);
+    assert_eq!(after.status(), 200);
+}
+
+#[tokio::test]
+async fn after_the_provider_forgets_its_keys_a_retry_charges_again_and_the_ledger_shows_both() {
+    let provider = Provider::start(Knobs::default()).await;
+    let body = br#"{"payment_id":"p-1","amount":1}"#;
+
+    let first = provider.post_raw("acme:p-1", JSON, body).await;
+    let forgotten = provider.forget_keys().await;
+    let lookup_after_forgetting = provider.lookup("acme:p-1").await;
+    let again = provider.post_raw("acme:p-1", JSON, body).await;
+
+    assert_eq!(
+        (first.status().as_u16(), again.status().as_u16()),
+        (201, 201),
+        "charged again"
+    );
+    assert_eq!(forgotten, 1);
+    assert_eq!(lookup_after_forgetting.status(), 404);
+    let stats = provider.stats().await;
+    assert_eq!((stats.charges, stats.double_charged), (2, 1));
+    let keys = provider.key_charges(Some("acme")).await;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].charged, 2);
+    let remembered: Vec<bool> = keys[0].charges.iter().map(|c| c.remembered).collect();
+    assert_eq!(remembered, [false, true]);
+}
+
+#[tokio::test]
+async fn per_key_counts_name_each_keys_charges_for_comparison_with_dedupqs_key_table() {
+    let provider = Provider::start(Knobs {
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let declined = json!({"amount": 3, "card": DECLINED_CARD}).to_string();
+    for (key, body) in [
+        ("acme:a", br#"{"amount":1}"#.as_slice()),
+        ("acme:a", br#"{"amount":1}"#.as_slice()),
+        ("acme:b", br#"{"amount":2}"#.as_slice()),
+        ("globex:a", declined.as_bytes()),
+    ] {
+        provider.post_raw(key, JSON, body).await;
+    }
+
+    let acme = provider.key_charges(Some("acme")).await;
+    let all = provider.key_charges(None).await;
+
+    let summary: Vec<(String, String, i64, Vec<String>)> = all
+        .iter()
+        .map(|k| {
+            let states = k.charges.iter().map(|c| c.state.clone()).collect();
+            (
+                k.tenant.clone().unwrap(),
+                k.key.clone().unwrap(),
+                k.charged,
+                states,
+            )
+        })
+        .collect();
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        summary,
+        [
+            (s("acme"), s("a"), 2, vec![s("succeeded"), s("succeeded")]),
+            (s("acme"), s("b"), 1, vec![s("succeeded")]),
+            (s("globex"), s("a"), 0, vec![s("declined")]),
+        ]
+    );
+    assert_eq!(acme.len(), 2);
+    assert!(acme[0].charges.iter().all(|c| c.id.starts_with("ch_")));
+}
