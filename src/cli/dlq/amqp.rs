@@ -4,7 +4,7 @@
 //! publisher confirms) and acks the dead letter only once the broker
 //! confirmed the copy was routed, so a failed replay leaves it in place.
 
-use super::record::{self, DeadLetter, Filter};
+use super::record::{self, DeadLetter, Filter, IdentityHeaders};
 use super::DlqError;
 use crate::config::AmqpSettings;
 use lapin::message::Delivery;
@@ -38,10 +38,14 @@ pub struct AmqpLetter {
 pub struct Session {
     connection: Connection,
     channel: Channel,
+    identity: IdentityHeaders,
 }
 
 impl Session {
-    pub async fn open(settings: &AmqpSettings) -> Result<Self, DlqError> {
+    pub async fn open(
+        settings: &AmqpSettings,
+        identity: IdentityHeaders,
+    ) -> Result<Self, DlqError> {
         let connection = Connection::connect(
             settings.url.expose(),
             ConnectionProperties::default().with_connection_name("dedupq-dlq".into()),
@@ -54,6 +58,7 @@ impl Session {
         Ok(Self {
             connection,
             channel,
+            identity,
         })
     }
 
@@ -85,7 +90,7 @@ impl Session {
                 .basic_get(queue.into(), BasicGetOptions { no_ack: false })
                 .await?;
             let Some(got) = got else { break };
-            let letter = letter(queue, n, &got.delivery);
+            let letter = letter(queue, n, &got.delivery, &self.identity);
             if filter.matches(&letter) {
                 out.push(AmqpLetter {
                     letter,
@@ -158,7 +163,7 @@ fn original(p: &BasicProperties) -> BasicProperties {
     p
 }
 
-fn letter(queue: &str, n: u32, d: &Delivery) -> DeadLetter {
+fn letter(queue: &str, n: u32, d: &Delivery, identity: &IdentityHeaders) -> DeadLetter {
     let headers = d.properties.headers().as_ref();
     let get = |name: &str| {
         headers
@@ -184,8 +189,8 @@ fn letter(queue: &str, n: u32, d: &Delivery) -> DeadLetter {
         reason: get(record::REASON)
             .or_else(|| get("x-first-death-reason"))
             .or_else(|| death_field("reason")),
-        tenant: get(record::TENANT),
-        key: get(record::KEY),
+        tenant: get(record::TENANT).or_else(|| identity.tenant.as_deref().and_then(get)),
+        key: get(record::KEY).or_else(|| get(&identity.key)),
         first_seen,
         source: get(record::SOURCE_QUEUE)
             .or_else(|| get("x-first-death-queue"))

@@ -5,7 +5,7 @@
 //! repeating it.
 
 use super::kafka_headers::{self, RawHeader};
-use super::record::{self, DeadLetter, Filter};
+use super::record::{self, DeadLetter, Filter, IdentityHeaders};
 use super::DlqError;
 use crate::config::KafkaSettings;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -40,6 +40,7 @@ fn client_config(settings: &KafkaSettings) -> ClientConfig {
 pub async fn read(
     settings: &KafkaSettings,
     topics: Vec<String>,
+    identity: IdentityHeaders,
     filter: Filter,
     limit: usize,
 ) -> Result<Vec<KafkaLetter>, DlqError> {
@@ -56,7 +57,12 @@ pub async fn read(
         let mut out = Vec::new();
         for topic in topics {
             let dlq = format!("{topic}{suffix}");
-            read_topic(&consumer, &topic, &dlq, &filter, limit, &mut out)?;
+            let names = Names {
+                source: &topic,
+                dlq: &dlq,
+                identity: &identity,
+            };
+            read_topic(&consumer, &names, &filter, limit, &mut out)?;
         }
         Ok(out)
     })
@@ -64,14 +70,21 @@ pub async fn read(
     .map_err(|e| DlqError::Reader(e.to_string()))?
 }
 
+/// The topic being read, the one it belongs to, and the identity headers.
+struct Names<'a> {
+    source: &'a str,
+    dlq: &'a str,
+    identity: &'a IdentityHeaders,
+}
+
 fn read_topic(
     consumer: &BaseConsumer,
-    source: &str,
-    dlq: &str,
+    names: &Names<'_>,
     filter: &Filter,
     limit: usize,
     out: &mut Vec<KafkaLetter>,
 ) -> Result<(), DlqError> {
+    let dlq = names.dlq;
     let metadata = consumer.fetch_metadata(Some(dlq), METADATA_TIMEOUT)?;
     let Some(topic) = metadata.topics().first().filter(|t| t.error().is_none()) else {
         return Err(DlqError::NoTopic(dlq.to_string()));
@@ -114,7 +127,7 @@ fn read_topic(
             continue;
         };
         if offset < high {
-            let letter = letter(&m, source);
+            let letter = letter(&m, names);
             if filter.matches(&letter.letter) {
                 out.push(letter);
             }
@@ -126,7 +139,7 @@ fn read_topic(
     Ok(())
 }
 
-fn letter(m: &rdkafka::message::BorrowedMessage<'_>, fallback_source: &str) -> KafkaLetter {
+fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> KafkaLetter {
     let headers = kafka_headers::read(m);
     let get = |name: &str| {
         headers
@@ -145,10 +158,10 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, fallback_source: &str) -> K
     let letter = DeadLetter {
         location: format!("{}[{}]@{}", m.topic(), m.partition(), m.offset()),
         reason: get(record::REASON),
-        tenant: get(record::TENANT),
-        key: get(record::KEY),
+        tenant: get(record::TENANT).or_else(|| names.identity.tenant.as_deref().and_then(get)),
+        key: get(record::KEY).or_else(|| get(&names.identity.key)),
         first_seen,
-        source: Some(get(record::SOURCE_TOPIC).unwrap_or_else(|| fallback_source.to_string())),
+        source: Some(get(record::SOURCE_TOPIC).unwrap_or_else(|| names.source.to_string())),
         detail: get(record::DETAIL),
         bytes: m.payload_len(),
         replay: None,

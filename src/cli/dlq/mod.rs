@@ -43,6 +43,7 @@ pub async fn run_dlq(
         DlqCommand::Replay { args, execute } => (args, true, execute),
     };
     let filter = Filter::from_args(&args);
+    let identity = record::IdentityHeaders::from_settings(&settings.identity);
     let format = Format::choose(args.output.output);
     let letters = match args.transport {
         Transport::Kafka => {
@@ -54,7 +55,8 @@ pub async fn run_dlq(
             if topics.is_empty() {
                 return Err(DlqError::NoTopics.into());
             }
-            let mut letters = kafka::read(&settings.kafka, topics, filter, args.limit).await?;
+            let mut letters =
+                kafka::read(&settings.kafka, topics, identity, filter, args.limit).await?;
             match (replay, execute) {
                 (true, true) => kafka::replay(&settings.kafka, &mut letters).await?,
                 (true, false) => kafka::plan(&mut letters),
@@ -67,7 +69,7 @@ pub async fn run_dlq(
                 .queue
                 .clone()
                 .unwrap_or_else(|| settings.amqp.dead_letter_queue.clone());
-            let session = amqp::Session::open(&settings.amqp).await?;
+            let session = amqp::Session::open(&settings.amqp, identity).await?;
             let result = amqp_letters(&session, &queue, &filter, args.limit, replay, execute).await;
             session.close().await;
             result?

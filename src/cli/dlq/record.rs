@@ -46,6 +46,27 @@ pub fn time(value: &str) -> Option<DateTime<Utc>> {
         .map(|t| t.with_timezone(&Utc))
 }
 
+/// The identity headers of the configuration, read from the original
+/// headers when dedupq recorded no tenant or key (input it refused before
+/// parsing).
+#[derive(Debug, Clone, Default)]
+pub struct IdentityHeaders {
+    pub tenant: Option<String>,
+    pub key: String,
+}
+
+impl IdentityHeaders {
+    pub fn from_settings(s: &crate::config::IdentitySettings) -> Self {
+        Self {
+            tenant: match &s.tenant {
+                crate::config::TenantSource::Header { name } => Some(name.clone()),
+                _ => None,
+            },
+            key: s.key_header.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub reason: Option<String>,
