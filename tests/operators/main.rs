@@ -5,6 +5,7 @@
 mod support;
 
 mod compose;
+mod dlq_amqp;
 mod dlq_kafka;
 mod keys_cli;
 mod metrics_endpoint;
