@@ -10,3 +10,4 @@ mod dlq_kafka;
 mod keys_cli;
 mod metrics_endpoint;
 mod readme;
+mod upkeep_leader;
