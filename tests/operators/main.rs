@@ -8,6 +8,7 @@ mod compose;
 mod dlq_amqp;
 mod dlq_kafka;
 mod keys_cli;
+mod keys_operations;
 mod logs;
 mod metrics_endpoint;
 mod readme;
