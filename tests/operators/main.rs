@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alerts_runbook;
 mod compose;
 mod dlq_amqp;
 mod dlq_kafka;
