@@ -50,7 +50,10 @@ impl TransactionalHandler for Ledger {
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| TxFailure::Transient(e.to_string()))?;
-        Ok(HandlerResult::json(201, &json!({ "entry": id, "amount": entry.amount })))
+        Ok(HandlerResult::json(
+            201,
+            &json!({ "entry": id, "amount": entry.amount }),
+        ))
     }
 }
 

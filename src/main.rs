@@ -1,5 +1,5 @@
 use clap::Parser;
-use dedupq::cli::{run_keys, Cli, Command};
+use dedupq::cli::{run_dlq, run_keys, Cli, Command};
 use dedupq::config::Settings;
 use dedupq::store::Store;
 use std::process::ExitCode;
@@ -47,6 +47,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
+        Command::Dlq { command } => run_dlq(&settings, command, &mut std::io::stdout()).await?,
         Command::Bench(args) => run_bench(args, &settings).await?,
     }
     Ok(())

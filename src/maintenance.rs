@@ -1,11 +1,18 @@
-//! Background upkeep of the key table: retention purges, the key gauge and
-//! the store's health flag.
+//! Background upkeep of the key table. Every replica pings the store for
+//! /readyz; one replica at a time, the upkeep leader, runs retention purges
+//! and samples the `dedupq_keys` gauges. Leadership is a PostgreSQL session
+//! advisory lock held on a connection of its own: when the leader dies, its
+//! session ends, the lock is free, and a standby takes it within
+//! `STANDBY_RETRY`.
 
 use crate::config::RetentionSettings;
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{KeyStatus, Store, StoreError};
+use crate::telemetry::chain;
+use sqlx::PgConnection;
 use std::time::Duration;
+use tokio::time::{interval, timeout, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 /// How often the store is pinged for /readyz.
@@ -15,6 +22,12 @@ const COUNT_OPEN_EVERY: Duration = Duration::from_secs(15);
 /// How often finished keys are counted: a scan of most of the table, which
 /// on tens of millions of rows costs seconds of a core.
 const COUNT_FINISHED_EVERY: Duration = Duration::from_secs(600);
+/// How often a standby tries to become the leader.
+const STANDBY_RETRY: Duration = Duration::from_secs(2);
+/// How often the leader checks that the connection holding its lock lives.
+const LOCK_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// A lock check slower than this counts as a lost connection.
+const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn run(
     store: Store,
@@ -23,40 +36,133 @@ pub async fn run(
     health: Health,
     shutdown: CancellationToken,
 ) {
-    let mut ping = tokio::time::interval(PING_EVERY);
-    let mut count_open = tokio::time::interval(COUNT_OPEN_EVERY);
-    let mut count_finished = tokio::time::interval(COUNT_FINISHED_EVERY);
-    let mut purge = tokio::time::interval(retention.purge_every);
+    tokio::join!(
+        report_readiness(&store, &metrics, &health, &shutdown),
+        lead_when_elected(&store, &retention, &metrics, &shutdown),
+    );
+}
+
+async fn report_readiness(
+    store: &Store,
+    metrics: &Metrics,
+    health: &Health,
+    shutdown: &CancellationToken,
+) {
+    let mut ping = interval(PING_EVERY);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ping.tick() => {
                 let up = store.ping().await.is_ok();
                 health.set(Component::Store, up);
-            }
-            _ = count_open.tick() => record_counts(store.count_open().await, &metrics),
-            _ = count_finished.tick() => record_counts(store.count_finished().await, &metrics),
-            _ = purge.tick() => {
-                match store.purge(retention.keep, retention.purge_batch).await {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        metrics.keys_purged.inc_by(n);
-                        tracing::info!(purged = n, "retention purge");
-                    }
-                    Err(e) => {
-                        metrics.store_errors.inc();
-                        tracing::warn!(error = %e, "retention purge failed");
-                    }
-                }
+                metrics.ready.set(health.ready().into());
             }
         }
     }
 }
 
-fn record_counts(
-    counts: Result<Vec<(crate::store::KeyStatus, i64)>, crate::store::StoreError>,
+/// Stands by until this replica holds the upkeep lock, leads until the
+/// lock's connection is lost, and stands by again.
+async fn lead_when_elected(
+    store: &Store,
+    retention: &RetentionSettings,
     metrics: &Metrics,
+    shutdown: &CancellationToken,
 ) {
+    let mut standby = interval(STANDBY_RETRY);
+    standby.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut conn: Option<PgConnection> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = standby.tick() => {}
+        }
+        match try_lock(store, &mut conn).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                conn = None;
+                tracing::warn!(error = %chain(&e), "upkeep election failed; standing by");
+                continue;
+            }
+        }
+        let Some(held) = conn.take() else { continue };
+        metrics.upkeep_leader.set(1);
+        tracing::info!("upkeep leader: this replica purges and counts keys");
+        lead(store, held, retention, metrics, shutdown).await;
+        metrics.upkeep_leader.set(0);
+        // Only the leader exports the key-table gauges, so a former leader's
+        // stale numbers never sit beside the new leader's.
+        metrics.keys.reset();
+    }
+}
+
+/// Tries to take the lock, on the standby connection if it still lives.
+async fn try_lock(store: &Store, conn: &mut Option<PgConnection>) -> Result<bool, StoreError> {
+    if conn.is_none() {
+        *conn = Some(store.dedicated_connection().await?);
+    }
+    let c = conn.as_mut().expect("connected just above");
+    if cfg!(feature = "broken-no-upkeep-lock") {
+        // Test-only: every replica leads.
+        return Ok(true);
+    }
+    Store::try_upkeep_lock(c).await
+}
+
+/// Purges and counts while the lock's connection lives. Returns when it is
+/// lost (the lock went with it) or on shutdown (dropping the connection
+/// frees the lock for a standby at once).
+async fn lead(
+    store: &Store,
+    mut conn: PgConnection,
+    retention: &RetentionSettings,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) {
+    let mut check = interval(LOCK_CHECK_EVERY);
+    let mut count_open = interval(COUNT_OPEN_EVERY);
+    let mut count_finished = interval(COUNT_FINISHED_EVERY);
+    let mut purge = interval(retention.purge_every);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = check.tick() => {
+                let alive = timeout(LOCK_CHECK_TIMEOUT, Store::check_connection(&mut conn)).await;
+                match alive {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %chain(&e), "upkeep lock lost with its connection; standing by");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!("upkeep lock connection stopped answering; standing by");
+                        return;
+                    }
+                }
+            }
+            _ = count_open.tick() => record_counts(store.count_open().await, metrics),
+            _ = count_finished.tick() => record_counts(store.count_finished().await, metrics),
+            _ = purge.tick() => purge_once(store, retention, metrics).await,
+        }
+    }
+}
+
+async fn purge_once(store: &Store, retention: &RetentionSettings, metrics: &Metrics) {
+    match store.purge(retention.keep, retention.purge_batch).await {
+        Ok(0) => {}
+        Ok(n) => {
+            metrics.keys_purged.inc_by(n);
+            tracing::info!(purged = n, "retention purge");
+        }
+        Err(e) => {
+            metrics.store_errors.inc();
+            tracing::warn!(error = %chain(&e), "retention purge failed");
+        }
+    }
+}
+
+fn record_counts(counts: Result<Vec<(KeyStatus, i64)>, StoreError>, metrics: &Metrics) {
     match counts {
         Ok(counts) => {
             for (status, n) in counts {
@@ -65,7 +171,7 @@ fn record_counts(
         }
         Err(e) => {
             metrics.store_errors.inc();
-            tracing::warn!(error = %e, "counting keys failed");
+            tracing::warn!(error = %chain(&e), "counting keys failed");
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGaugeVec, Opts, Registry,
+    IntGauge, IntGaugeVec, Opts, Registry,
 };
 use std::sync::Arc;
 
@@ -44,7 +44,52 @@ pub struct Inner {
     /// reason: handler answers that point at dedupq's configuration, not at
     /// the payment (unauthorized, forbidden, not_found, method_not_allowed, redirect)
     pub handler_faults: IntCounterVec,
+    /// version, commit: always 1, so dashboards can join on it
+    pub build_info: IntGaugeVec,
+    /// 1 while /readyz answers 200 (store reachable, configured brokers connected)
+    pub ready: IntGauge,
+    /// 1 on the one replica that runs retention and samples `dedupq_keys`
+    pub upkeep_leader: IntGauge,
 }
+
+/// Every reason a dead letter is counted under. Listed so the counters
+/// exist at 0 from start-up: an alert on `rate(...) > 0` then has a series
+/// to evaluate before the first dead letter, and a typo in a rule shows up
+/// as "no data" in its test instead of silence in production.
+pub const DEAD_LETTER_REASONS: [&str; 12] = [
+    "too_large",
+    "not_json",
+    "duplicate_member",
+    "bad_header",
+    "duplicate_header",
+    "bad_tenant",
+    "bad_key",
+    "conflict",
+    "exhausted_retries",
+    "outcome_unknown",
+    "retry_limit",
+    "store_rejected",
+];
+
+/// Every reason a handler answer is counted as a configuration fault.
+pub const HANDLER_FAULT_REASONS: [&str; 6] = [
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "method_not_allowed",
+    "redirect",
+    "other",
+];
+
+/// The `transport` label values.
+pub const TRANSPORTS: [&str; 2] = ["kafka", "amqp"];
+
+/// The git commit dedupq was built from, when the build passed it in
+/// (`DEDUPQ_GIT_COMMIT=$(git rev-parse --short HEAD) cargo build`).
+pub const GIT_COMMIT: &str = match option_env!("DEDUPQ_GIT_COMMIT") {
+    Some(commit) => commit,
+    None => "unknown",
+};
 
 impl std::ops::Deref for Metrics {
     type Target = Inner;
@@ -182,13 +227,31 @@ impl Metrics {
                 ),
                 &["reason"]
             )),
+            build_info: register!(IntGaugeVec::new(
+                Opts::new(
+                    "dedupq_build_info",
+                    "Always 1; the labels name the running build"
+                ),
+                &["version", "commit"]
+            )),
+            ready: register!(IntGauge::new(
+                "dedupq_ready",
+                "1 while the process is ready (store reachable, configured brokers connected)"
+            )),
+            upkeep_leader: register!(IntGauge::new(
+                "dedupq_upkeep_leader",
+                "1 on the replica that runs retention purges and samples dedupq_keys"
+            )),
             registry,
             names,
         };
+        inner.initialise_known_labels();
+        register_process_metrics(&inner.registry);
         Self(Arc::new(inner))
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, the `process_*`
+    /// family (CPU, memory, file descriptors) included.
     pub fn render(&self) -> String {
         use prometheus::Encoder;
         let mut out = Vec::new();
@@ -197,4 +260,37 @@ impl Metrics {
             .expect("text encoding of gathered metrics cannot fail");
         String::from_utf8(out).expect("the text encoder writes UTF-8")
     }
+}
+
+impl Inner {
+    /// Makes every series whose label values are known in advance exist
+    /// from start-up, at 0.
+    fn initialise_known_labels(&self) {
+        for reason in DEAD_LETTER_REASONS {
+            self.dead_letters.with_label_values(&[reason]);
+        }
+        for reason in HANDLER_FAULT_REASONS {
+            self.handler_faults.with_label_values(&[reason]);
+        }
+        for transport in TRANSPORTS {
+            self.replies_failed.with_label_values(&[transport]);
+            self.stalled_lanes.with_label_values(&[transport]);
+        }
+        self.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_COMMIT])
+            .set(1);
+    }
+}
+
+/// The standard `process_*` metrics of this process. They are not listed
+/// in `names` (which holds dedupq's own families) and exist only on Linux.
+fn register_process_metrics(registry: &Registry) {
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process metric names are unique");
+    #[cfg(not(target_os = "linux"))]
+    let _ = registry;
 }

@@ -237,7 +237,7 @@ async fn migrate_when_reachable(
         match store.migrate(schema).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+                tracing::warn!(error = %crate::telemetry::chain(&e), "PostgreSQL not reachable yet; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return Err(e.into()),

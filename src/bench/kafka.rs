@@ -159,7 +159,7 @@ impl Positions {
             let _ = tpl.add_partition_offset(topic, p, Offset::Offset(o));
         }
         if let Err(e) = c.commit(&tpl, mode) {
-            tracing::warn!(error = %e, "bench commit failed");
+            tracing::warn!(error = %crate::telemetry::chain(&e), "bench commit failed");
         }
     }
 }

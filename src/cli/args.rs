@@ -40,6 +40,12 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// List and replay dead letters (Kafka DLQ topics, the RabbitMQ
+    /// dead-letter queue).
+    Dlq {
+        #[command(subcommand)]
+        command: super::dlq::DlqCommand,
+    },
     /// Measure throughput, latency and memory against the limits (see
     /// BENCHMARKS.md); needs PostgreSQL, Kafka and RabbitMQ.
     Bench(crate::bench::BenchArgs),
@@ -57,8 +63,13 @@ pub enum KeysCommand {
         /// Only keys whose outcome is unknown.
         #[arg(long, conflicts_with = "status")]
         unknown: bool,
+        /// Only this tenant's keys.
+        #[arg(long)]
+        tenant: Option<String>,
         #[arg(long, default_value_t = 100)]
         limit: i64,
+        #[command(flatten)]
+        output: OutputArg,
     },
     /// End an open key's lease now so the next delivery takes it over; writes an audit row.
     Release {
@@ -66,12 +77,38 @@ pub enum KeysCommand {
         key: String,
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        actor: ActorArg,
     },
-    /// Delete done/failed keys finished longer ago than the given age (e.g. 24h).
+    /// Delete done/failed keys finished longer ago than the given age (e.g.
+    /// 48h). Ages within the redelivery horizon are refused without --force.
     Purge {
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: std::time::Duration,
+        /// Purge even within the redelivery horizon: a message redelivered
+        /// later would find its key gone and run again.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        actor: ActorArg,
     },
+}
+
+/// Who did it, for audit rows and log lines.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ActorArg {
+    /// Name recorded as the actor (default: $USER, then the host name).
+    #[arg(long)]
+    pub actor: Option<String>,
+}
+
+/// How listings are printed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArg {
+    /// table or json (one object a line); default: table on a terminal,
+    /// json otherwise.
+    #[arg(long, value_enum)]
+    pub output: Option<super::output::Format>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,17 +1,48 @@
 //! `dedupq keys …`: operator reads and repairs on the key table.
 
-use super::KeysCommand;
+use super::output::{self, cell, Format, Row};
+use super::{actor, KeysCommand};
 use crate::config::Settings;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
-use crate::store::{KeyFilter, KeyStatus, Store};
-use anyhow::{anyhow, Context};
+use crate::store::{KeyFilter, KeyRow, KeyStatus, Store};
+use anyhow::{anyhow, bail, Context};
 use std::io::Write;
+use std::time::Duration;
 
 fn identity(tenant: &str, key: &str) -> anyhow::Result<Identity> {
     Ok(Identity {
         tenant: Tenant::parse(tenant.as_bytes()).context("TENANT")?,
         key: IdempotencyKey::parse(key.as_bytes()).context("KEY")?,
     })
+}
+
+impl Row for KeyRow {
+    const COLUMNS: &'static [&'static str] = &[
+        "tenant",
+        "key",
+        "status",
+        "epoch",
+        "attempts",
+        "owner",
+        "lease_until",
+        "updated_at",
+    ];
+    fn cells(&self) -> Vec<String> {
+        let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+            t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        vec![
+            cell(&self.tenant, 24),
+            cell(&self.key, 40),
+            self.status.as_str().into(),
+            self.epoch.to_string(),
+            self.attempts.to_string(),
+            cell(&self.owner, 32),
+            time(self.lease_until),
+            time(Some(self.updated_at)),
+        ]
+    }
 }
 
 /// Runs one `keys` subcommand, writing its report to `out`.
@@ -30,7 +61,9 @@ pub async fn run_keys(
         KeysCommand::List {
             status,
             unknown,
+            tenant,
             limit,
+            output,
         } => {
             let filter = match (status, unknown) {
                 (_, true) => KeyFilter::Status(KeyStatus::Unknown),
@@ -39,51 +72,75 @@ pub async fn run_keys(
                 })?),
                 (None, false) => KeyFilter::Stuck,
             };
-            for row in store.list_keys(filter, limit).await? {
-                writeln!(out, "{}", serde_json::to_string(&row)?)?;
+            if let Some(t) = &tenant {
+                Tenant::parse(t.as_bytes()).context("--tenant")?;
             }
+            let rows = store.list_keys(filter, tenant.as_deref(), limit).await?;
+            output::print(Format::choose(output.output), &rows, out)?;
         }
         KeysCommand::Release {
             tenant,
             key,
             reason,
+            actor,
         } => {
             let id = identity(&tenant, &key)?;
-            let actor = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-            match store.release_key(&id, &reason, &actor).await? {
-                Some(before) => {
-                    tracing::warn!(
-                        tenant,
-                        key,
-                        reason,
-                        actor,
-                        epoch = before.epoch,
-                        "key released by operator"
-                    );
-                    writeln!(
-                        out,
-                        "released {id} (was {} at epoch {})",
-                        before.status.as_str(),
-                        before.epoch
-                    )?;
-                }
-                None => {
-                    return Err(anyhow!(
-                        "{id} is not open (absent, done or failed): nothing to release"
-                    ))
-                }
-            }
+            let actor = actor::resolve(actor.actor.as_deref());
+            let Some(before) = store.release_key(&id, &reason, &actor).await? else {
+                bail!("{id} is not open (absent, done or failed): nothing to release");
+            };
+            tracing::warn!(
+                tenant,
+                key,
+                reason,
+                actor,
+                epoch = before.epoch,
+                "key released by operator"
+            );
+            writeln!(
+                out,
+                "released {id} (was {} at epoch {})",
+                before.status.as_str(),
+                before.epoch
+            )?;
         }
-        KeysCommand::Purge { older_than } => {
+        KeysCommand::Purge {
+            older_than,
+            force,
+            actor,
+        } => {
+            check_purge_age(settings, older_than, force)?;
             let n = store
                 .purge(older_than, settings.retention.purge_batch)
                 .await?;
-            writeln!(
-                out,
-                "purged {n} finished keys older than {}",
-                humantime::format_duration(older_than)
-            )?;
+            let actor = actor::resolve(actor.actor.as_deref());
+            let age = humantime::format_duration(older_than).to_string();
+            tracing::warn!(
+                purged = n,
+                older_than = age,
+                actor,
+                force,
+                "keys purged by operator"
+            );
+            writeln!(out, "purged {n} finished keys older than {age}")?;
         }
     }
     Ok(())
+}
+
+/// A purge must not reach keys a redelivery could still need, unless the
+/// operator insists.
+fn check_purge_age(settings: &Settings, older_than: Duration, force: bool) -> anyhow::Result<()> {
+    let horizon = settings.redelivery_horizon();
+    if older_than > horizon || force {
+        return Ok(());
+    }
+    bail!(
+        "--older-than {} is within the redelivery horizon {} (retention.redelivery_horizon, \
+         engine.retry_backoff_max x engine.max_attempts, amqp.retry_delay_max x \
+         amqp.max_redeliveries): a message redelivered later would find its key purged and \
+         run again. Use an age over the horizon, or --force if you accept that",
+        humantime::format_duration(older_than),
+        humantime::format_duration(horizon)
+    )
 }

@@ -118,14 +118,22 @@ fn check_identity(s: &Settings) -> Result<(), ConfigError> {
     })
 }
 
+impl Settings {
+    /// The longest a message can come back after its key finished: a key
+    /// purged sooner than this could see a redelivery and charge again.
+    /// The start-up check and `dedupq keys purge` both hold retention to it.
+    pub fn redelivery_horizon(&self) -> std::time::Duration {
+        let retry_span = self.engine.retry_backoff_max * self.engine.max_attempts;
+        self.retention
+            .redelivery_horizon
+            .max(retry_span)
+            .max(self.amqp.redelivery_span())
+    }
+}
+
 fn check_retention(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.retention;
-    // A message redelivered after its key was purged would run again.
-    let retry_span = s.engine.retry_backoff_max * s.engine.max_attempts;
-    let horizon = r
-        .redelivery_horizon
-        .max(retry_span)
-        .max(s.amqp.redelivery_span());
+    let horizon = s.redelivery_horizon();
     if r.keep <= horizon {
         return Err(ConfigError::new(
             "retention.keep",

@@ -202,7 +202,7 @@ impl Engine {
         let refused = match attempt(write.finish.clone()).await {
             Ok(landed) => return Ok(landed_or_fenced(landed[0])),
             Err(e) if e.is_transient() => return Err(e),
-            Err(e) => crate::telemetry::chain(&e),
+            Err(e) => crate::telemetry::chain(&e).to_string(),
         };
         let bare = |a: &Answer| Answer {
             status: a.status,
@@ -219,7 +219,7 @@ impl Engine {
         match attempt(without_body).await {
             Ok(landed) => Ok(landed_or_fenced(landed[0])),
             Err(e) if e.is_transient() => Err(e),
-            Err(e) => Ok(Stored::Rejected(crate::telemetry::chain(&e))),
+            Err(e) => Ok(Stored::Rejected(crate::telemetry::chain(&e).to_string())),
         }
     }
 

@@ -87,16 +87,37 @@ impl DeadLetterReason {
             DeadLetterReason::StoreRejected => "store_rejected",
         }
     }
+}
 
-    /// Every label a dead letter can carry.
-    pub fn labels() -> impl Iterator<Item = &'static str> {
-        InvalidReason::LABELS.into_iter().chain([
-            "conflict",
-            "exhausted_retries",
-            "outcome_unknown",
-            "retry_limit",
-            "store_rejected",
-        ])
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn every_dead_letter_reason_and_fault_is_a_metric_label_from_start_up() {
+        let reasons: BTreeSet<&str> = InvalidReason::LABELS
+            .into_iter()
+            .chain(
+                [
+                    DeadLetterReason::Conflict,
+                    DeadLetterReason::ExhaustedRetries,
+                    DeadLetterReason::OutcomeUnknown,
+                    DeadLetterReason::RetryLimit,
+                    DeadLetterReason::StoreRejected,
+                ]
+                .iter()
+                .map(DeadLetterReason::label),
+            )
+            .collect();
+        let exported: BTreeSet<&str> = crate::metrics::DEAD_LETTER_REASONS.into_iter().collect();
+        assert_eq!(reasons, exported);
+        let faults: BTreeSet<&str> = crate::handler::FaultReason::ALL
+            .iter()
+            .map(|f| f.label())
+            .collect();
+        let exported: BTreeSet<&str> = crate::metrics::HANDLER_FAULT_REASONS.into_iter().collect();
+        assert_eq!(faults, exported);
     }
 }
 

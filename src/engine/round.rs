@@ -186,7 +186,7 @@ impl Engine {
                     Outcome::Invalid,
                     Action::DeadLetter {
                         reason: DeadLetterReason::StoreRejected,
-                        detail: crate::telemetry::chain(&e),
+                        detail: crate::telemetry::chain(&e).to_string(),
                     },
                     &round[i].parsed,
                 )))),

@@ -121,7 +121,7 @@ impl AmqpPublisher {
             match self.try_publish(msg).await {
                 Ok(()) => return Ok(()),
                 Err(e) if attempts < 60 => {
-                    tracing::debug!(error = %e, "publish to RabbitMQ failed; reconnecting");
+                    tracing::debug!(error = %crate::telemetry::chain(e.as_ref()), "publish to RabbitMQ failed; reconnecting");
                     self.channel = None;
                     self.republished += 1;
                     tokio::time::sleep(Duration::from_millis(250)).await;

@@ -199,7 +199,7 @@ async fn set_knobs(provider: &str, knobs: &serde_json::Value) {
         .send()
         .await
     {
-        tracing::warn!(error = %e, "setting provider knobs failed");
+        tracing::warn!(error = %crate::telemetry::chain(&e), "setting provider knobs failed");
     }
 }
 

@@ -96,22 +96,28 @@ impl Store {
         row.as_ref().map(KeyRow::from_row).transpose()
     }
 
+    /// Keys matching `filter`, of one tenant or of all, at most `limit`.
     pub async fn list_keys(
         &self,
         filter: KeyFilter,
+        tenant: Option<&str>,
         limit: i64,
     ) -> Result<Vec<KeyRow>, StoreError> {
+        // $2 is the tenant or NULL (every tenant); $3 the status.
         let sql = match filter {
             KeyFilter::Stuck => format!(
                 "SELECT {COLUMNS} FROM dedupq_keys \
-                 WHERE (status = 'unknown') OR ((status = 'in_progress') AND (lease_until <= now())) \
+                 WHERE ((status = 'unknown') OR ((status = 'in_progress') AND (lease_until <= now()))) \
+                 AND (($2::text IS NULL) OR (tenant = $2)) \
                  ORDER BY lease_until LIMIT $1"
             ),
             KeyFilter::Status(_) => format!(
-                "SELECT {COLUMNS} FROM dedupq_keys WHERE status = $2 ORDER BY updated_at DESC LIMIT $1"
+                "SELECT {COLUMNS} FROM dedupq_keys \
+                 WHERE (status = $3) AND (($2::text IS NULL) OR (tenant = $2)) \
+                 ORDER BY updated_at DESC LIMIT $1"
             ),
         };
-        let mut query = sqlx::query(&sql).bind(limit);
+        let mut query = sqlx::query(&sql).bind(limit).bind(tenant);
         if let KeyFilter::Status(status) = filter {
             query = query.bind(status.as_str());
         }

@@ -1,9 +1,16 @@
-//! Lease renewal for running handlers, and retention.
+//! Lease renewal for running handlers, retention, and the lock that makes
+//! one replica the upkeep leader.
 
 use super::{secs, sorted_order, Store, StoreError};
 use crate::identity::{Epoch, Identity};
-use sqlx::Row;
+use sqlx::{Connection, PgConnection, Row};
 use std::time::Duration;
+
+/// The upkeep lock: a session advisory lock whose two keys are a constant
+/// ("ddpq") and the oid of this key table, so deployments that share a
+/// database but not a schema elect their leaders independently.
+const UPKEEP_LOCK_SQL: &str =
+    "SELECT pg_try_advisory_lock(1684303985, 'dedupq_keys'::regclass::oid::int4)";
 
 /// `completed_at IS NULL AND status <> 'unknown'` means in_progress (by the
 /// table's CHECK), spelled so that the planner looks keys up by primary key
@@ -74,6 +81,29 @@ impl Store {
             .execute(self.pool())
             .await?;
         Ok(done.rows_affected())
+    }
+
+    /// A connection of its own, outside the pool, to hold the upkeep lock:
+    /// a session lock lives exactly as long as its connection, so the lock
+    /// goes with the process whichever way it ends.
+    pub async fn dedicated_connection(&self) -> Result<PgConnection, StoreError> {
+        let options = self.pool().connect_options();
+        Ok(PgConnection::connect_with(&options).await?)
+    }
+
+    /// Takes the upkeep lock on `conn` if no other session holds it.
+    /// Re-taking a lock this session already holds succeeds (and stacks,
+    /// which is harmless: the lock ends with the connection).
+    pub async fn try_upkeep_lock(conn: &mut PgConnection) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(UPKEEP_LOCK_SQL)
+            .fetch_one(&mut *conn)
+            .await?)
+    }
+
+    /// Is the connection that holds the upkeep lock still alive?
+    pub async fn check_connection(conn: &mut PgConnection) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&mut *conn).await?;
+        Ok(())
     }
 
     /// Purges in bounded batches until nothing older is left; each batch is

@@ -4,7 +4,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alerts_runbook;
 mod compose;
+mod dlq_amqp;
+mod dlq_kafka;
 mod keys_cli;
+mod keys_operations;
+mod logs;
 mod metrics_endpoint;
 mod readme;
+mod upkeep_leader;

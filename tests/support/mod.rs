@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod amqp;
+pub mod cli;
 pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;

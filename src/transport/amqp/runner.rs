@@ -66,7 +66,7 @@ pub async fn run(
                 if established {
                     attempt = 1;
                 }
-                let error = crate::telemetry::chain(&e);
+                let error = crate::telemetry::chain(&e).to_string();
                 session.progress.session_failed(&error);
                 cautious = true;
                 let wait = backoff.after_attempt(attempt);

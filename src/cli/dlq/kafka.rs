@@ -1,0 +1,223 @@
+//! Kafka dead letters: read `<topic><kafka.dlq_suffix>` from its low to its
+//! high watermark with a reader that never commits (the DLQ stays as it
+//! is), and replay to the source topic. Kafka topics are append-only, so a
+//! replayed record stays in the DLQ; `--since` keeps a later replay from
+//! repeating it.
+
+use super::kafka_headers::{self, RawHeader};
+use super::record::{self, DeadLetter, Filter, IdentityHeaders};
+use super::DlqError;
+use crate::config::KafkaSettings;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+
+/// How long reading one DLQ topic to its end may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A dead letter with what a replay needs.
+pub struct KafkaLetter {
+    pub letter: DeadLetter,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    headers: Vec<RawHeader>,
+    source_partition: Option<i32>,
+}
+
+fn client_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &settings.brokers);
+    for (k, v) in &settings.client {
+        config.set(k, v);
+    }
+    config
+}
+
+/// Every dead letter of the source topics' DLQs that passes `filter`, at
+/// most `limit`.
+pub async fn read(
+    settings: &KafkaSettings,
+    topics: Vec<String>,
+    identity: IdentityHeaders,
+    filter: Filter,
+    limit: usize,
+) -> Result<Vec<KafkaLetter>, DlqError> {
+    let mut config = client_config(settings);
+    config
+        // A group of its own that never commits: reading moves nothing.
+        .set("group.id", "dedupq-dlq-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false");
+    let suffix = settings.dlq_suffix.clone();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let mut out = Vec::new();
+        for topic in topics {
+            let dlq = format!("{topic}{suffix}");
+            let names = Names {
+                source: &topic,
+                dlq: &dlq,
+                identity: &identity,
+            };
+            read_topic(&consumer, &names, &filter, limit, &mut out)?;
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| DlqError::Reader(e.to_string()))?
+}
+
+/// The topic being read, the one it belongs to, and the identity headers.
+struct Names<'a> {
+    source: &'a str,
+    dlq: &'a str,
+    identity: &'a IdentityHeaders,
+}
+
+fn read_topic(
+    consumer: &BaseConsumer,
+    names: &Names<'_>,
+    filter: &Filter,
+    limit: usize,
+    out: &mut Vec<KafkaLetter>,
+) -> Result<(), DlqError> {
+    let dlq = names.dlq;
+    let metadata = consumer.fetch_metadata(Some(dlq), METADATA_TIMEOUT)?;
+    let Some(topic) = metadata.topics().first().filter(|t| t.error().is_none()) else {
+        return Err(DlqError::NoTopic(dlq.to_string()));
+    };
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for p in topic.partitions() {
+        let (low, high) = consumer.fetch_watermarks(dlq, p.id(), METADATA_TIMEOUT)?;
+        if high > low {
+            tpl.add_partition_offset(dlq, p.id(), Offset::Offset(low))?;
+            ends.push((p.id(), high));
+        }
+    }
+    if ends.is_empty() {
+        return Ok(());
+    }
+    consumer.assign(&tpl)?;
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while !ends.is_empty() && out.len() < limit {
+        if Instant::now() > deadline {
+            return Err(DlqError::Reader(format!(
+                "{dlq} was not read to its end in {READ_TIMEOUT:?}"
+            )));
+        }
+        let Some(polled) = consumer.poll(Duration::from_millis(200)) else {
+            // Nothing more came: a partition whose position reached its end
+            // (past control records or compacted gaps) is done.
+            let position = consumer.position()?;
+            ends.retain(
+                |&(p, high)| match position.find_partition(dlq, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(at)) => at < high,
+                    _ => true,
+                },
+            );
+            continue;
+        };
+        let m = polled?;
+        let (partition, offset) = (m.partition(), m.offset());
+        let Some(&(_, high)) = ends.iter().find(|(p, _)| *p == partition) else {
+            continue;
+        };
+        if offset < high {
+            let letter = letter(&m, names);
+            if filter.matches(&letter.letter) {
+                out.push(letter);
+            }
+        }
+        if offset + 1 >= high {
+            ends.retain(|&(p, _)| p != partition);
+        }
+    }
+    Ok(())
+}
+
+fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> KafkaLetter {
+    let headers = kafka_headers::read(m);
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|h| h.named(name))
+            .and_then(|h| h.value.as_deref())
+            .map(record::text)
+    };
+    let first_seen = get(record::FIRST_SEEN)
+        .and_then(|t| record::time(&t))
+        .or_else(|| {
+            m.timestamp()
+                .to_millis()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+        });
+    let letter = DeadLetter {
+        location: format!("{}[{}]@{}", m.topic(), m.partition(), m.offset()),
+        reason: get(record::REASON),
+        tenant: get(record::TENANT).or_else(|| names.identity.tenant.as_deref().and_then(get)),
+        key: get(record::KEY).or_else(|| get(&names.identity.key)),
+        first_seen,
+        source: Some(get(record::SOURCE_TOPIC).unwrap_or_else(|| names.source.to_string())),
+        detail: get(record::DETAIL),
+        bytes: m.payload_len(),
+        replay: None,
+    };
+    KafkaLetter {
+        source_partition: get(record::SOURCE_PARTITION).and_then(|p| p.parse().ok()),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers,
+        letter,
+    }
+}
+
+/// Publishes each letter to its source topic and partition with the
+/// original key, payload and headers (the `dedupq-*` ones dropped), and
+/// records what happened on the letter.
+pub async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Result<(), DlqError> {
+    let producer: FutureProducer = client_config(settings)
+        // Acknowledged by every in-sync replica, never duplicated by a retry.
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .create()?;
+    for l in letters.iter_mut() {
+        let topic = l.letter.source.clone().unwrap_or_default();
+        let headers: Vec<RawHeader> = l
+            .headers
+            .iter()
+            .filter(|h| !h.name.starts_with(record::DIAGNOSTIC_PREFIX.as_bytes()))
+            .cloned()
+            .collect();
+        let mut rec: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&topic).headers(kafka_headers::owned(&headers));
+        if let Some(k) = &l.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(p) = &l.payload {
+            rec = rec.payload(p.as_slice());
+        }
+        if let Some(p) = l.source_partition {
+            rec = rec.partition(p);
+        }
+        l.letter.replay = Some(match producer.send(rec, settings.produce_timeout).await {
+            Ok(d) => format!("replayed to {topic}[{}]@{}", d.partition, d.offset),
+            Err((e, _)) => format!("failed: {e}"),
+        });
+    }
+    Ok(())
+}
+
+/// What a dry run says for each letter.
+pub fn plan(letters: &mut [KafkaLetter]) {
+    for l in letters {
+        let to = l.letter.source.as_deref().unwrap_or("-");
+        l.letter.replay = Some(match l.source_partition {
+            Some(p) => format!("would replay to {to}[{p}]"),
+            None => format!("would replay to {to}"),
+        });
+    }
+}
