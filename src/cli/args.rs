@@ -72,7 +72,53 @@ pub enum KeysCommand {
         output: OutputArg,
     },
     /// End an open key's lease now so the next delivery takes it over; writes an audit row.
+    /// Refused while a worker holds a live lease, unless --force.
     Release {
+        tenant: String,
+        key: String,
+        #[arg(long)]
+        reason: String,
+        /// Release even a live lease. Risk: the worker holding it may still
+        /// call the provider while the next delivery does too (two
+        /// concurrent executions; only a provider honouring the derived key
+        /// keeps that to one charge).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        actor: ActorArg,
+    },
+    /// Record what the provider says about a key whose outcome is unknown:
+    /// duplicates replay it from then on. Writes an audit row.
+    Settle {
+        tenant: String,
+        key: String,
+        /// The provider did charge.
+        #[arg(
+            long,
+            conflicts_with = "failed",
+            required_unless_present = "failed",
+            requires = "result"
+        )]
+        done: bool,
+        /// The provider did not charge, for good.
+        #[arg(long)]
+        failed: bool,
+        /// With --done: the provider's answer (JSON), stored and replayed.
+        #[arg(long)]
+        result: Option<String>,
+        /// The status code stored with it (default 200 with --done, 0 with --failed).
+        #[arg(long)]
+        status: Option<i32>,
+        /// Why (with --failed: also stored as the failure's reason).
+        #[arg(long, required_if_eq("failed", "true"))]
+        reason: Option<String>,
+        #[command(flatten)]
+        actor: ActorArg,
+    },
+    /// Forget a done or failed key that was stored wrongly (e.g. failed
+    /// while the handler was misconfigured): the next delivery runs it
+    /// again with the same derived key. Writes an audit row.
+    Reset {
         tenant: String,
         key: String,
         #[arg(long)]

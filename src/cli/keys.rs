@@ -4,7 +4,7 @@ use super::output::{self, cell, Format, Row};
 use super::{actor, KeysCommand};
 use crate::config::Settings;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
-use crate::store::{KeyFilter, KeyRow, KeyStatus, Store};
+use crate::store::{KeyFilter, KeyRow, KeyStatus, Released, Repaired, Settlement, Store};
 use anyhow::{anyhow, bail, Context};
 use std::io::Write;
 use std::time::Duration;
@@ -82,18 +82,26 @@ pub async fn run_keys(
             tenant,
             key,
             reason,
+            force,
             actor,
         } => {
             let id = identity(&tenant, &key)?;
             let actor = actor::resolve(actor.actor.as_deref());
-            let Some(before) = store.release_key(&id, &reason, &actor).await? else {
-                bail!("{id} is not open (absent, done or failed): nothing to release");
+            let before = match store.release_key(&id, &reason, &actor, force).await? {
+                Released::Done(before) => before,
+                Released::NotOpen => {
+                    bail!("{id} is not open (absent, done or failed): nothing to release")
+                }
+                Released::LeaseLive { until, owner } => bail!(
+                    "{id} is held by {owner} until {until} (a live lease: its worker may be                      calling the provider now). Wait for the lease to end, or use --force to                      release it anyway: the next delivery may then run while that worker still                      does (two executions; one charge only if the provider honours the derived key)"
+                ),
             };
             tracing::warn!(
                 tenant,
                 key,
                 reason,
                 actor,
+                force,
                 epoch = before.epoch,
                 "key released by operator"
             );
@@ -103,6 +111,59 @@ pub async fn run_keys(
                 before.status.as_str(),
                 before.epoch
             )?;
+        }
+        KeysCommand::Settle {
+            tenant,
+            key,
+            done,
+            failed: _,
+            result,
+            status,
+            reason,
+            actor,
+        } => {
+            let id = identity(&tenant, &key)?;
+            let actor = actor::resolve(actor.actor.as_deref());
+            let settlement = settlement(done, result, status, reason.as_deref())?;
+            let reason = reason.unwrap_or_else(|| "settled by operator".into());
+            match store.settle_key(&id, &settlement, &reason, &actor).await? {
+                Repaired::Done(before) => {
+                    let to = if done { "done" } else { "failed" };
+                    tracing::warn!(tenant, key, reason, actor, to, "key settled by operator");
+                    writeln!(out, "settled {id} as {to} (was unknown at epoch {})", before.epoch)?;
+                }
+                Repaired::Absent => bail!("no key {key} for tenant {tenant}"),
+                Repaired::Refused(row) => bail!(
+                    "{id} is {} (lease until {:?}): only an unknown key that no worker holds can be settled",
+                    row.status.as_str(),
+                    row.lease_until
+                ),
+            }
+        }
+        KeysCommand::Reset {
+            tenant,
+            key,
+            reason,
+            actor,
+        } => {
+            let id = identity(&tenant, &key)?;
+            let actor = actor::resolve(actor.actor.as_deref());
+            match store.reset_key(&id, &reason, &actor).await? {
+                Repaired::Done(before) => {
+                    tracing::warn!(tenant, key, reason, actor, "key reset by operator");
+                    writeln!(
+                        out,
+                        "reset {id} (was {} with status {}); the next delivery runs it again",
+                        before.status.as_str(),
+                        before.result_status.unwrap_or_default()
+                    )?;
+                }
+                Repaired::Absent => bail!("no key {key} for tenant {tenant}"),
+                Repaired::Refused(row) => bail!(
+                    "{id} is {}: only done or failed keys can be reset (settle or release an unknown one)",
+                    row.status.as_str()
+                ),
+            }
         }
         KeysCommand::Purge {
             older_than,
@@ -126,6 +187,31 @@ pub async fn run_keys(
         }
     }
     Ok(())
+}
+
+/// What `keys settle` records.
+fn settlement(
+    done: bool,
+    result: Option<String>,
+    status: Option<i32>,
+    reason: Option<&str>,
+) -> anyhow::Result<Settlement> {
+    if done {
+        let result = result.ok_or_else(|| anyhow!("--done needs --result JSON"))?;
+        crate::json::parse(result.as_bytes()).context("--result must be JSON")?;
+        return Ok(Settlement::Done {
+            status: status.unwrap_or(200),
+            body: result.into_bytes(),
+        });
+    }
+    let body = serde_json::json!({
+        "error": "settled_failed",
+        "reason": reason.unwrap_or_default(),
+    });
+    Ok(Settlement::Failed {
+        status: status.unwrap_or(0),
+        body: body.to_string().into_bytes(),
+    })
 }
 
 /// A purge must not reach keys a redelivery could still need, unless the

@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-const COLUMNS: &str =
+pub(super) const COLUMNS: &str =
     "tenant, key, encode(fingerprint, 'hex') AS fingerprint, fingerprint_version, \
     status, epoch, lease_until, owner, attempts, result_status, result_body, \
     result_content_type, derived_key, last_error, \
@@ -38,7 +38,7 @@ pub struct KeyRow {
 }
 
 impl KeyRow {
-    fn from_row(row: &PgRow) -> Result<Self, StoreError> {
+    pub(super) fn from_row(row: &PgRow) -> Result<Self, StoreError> {
         Ok(Self {
             tenant: row.try_get("tenant")?,
             key: row.try_get("key")?,
@@ -123,52 +123,6 @@ impl Store {
         }
         let rows = query.fetch_all(self.pool()).await?;
         rows.iter().map(KeyRow::from_row).collect()
-    }
-
-    /// Ends the lease of an open key now (the next delivery takes it over)
-    /// and writes an audit row, in one transaction. Returns the row as it
-    /// was, or None when the key is absent or already finished.
-    pub async fn release_key(
-        &self,
-        id: &Identity,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Option<KeyRow>, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let sql = format!(
-            "SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2 \
-             AND status IN ('in_progress', 'unknown') FOR UPDATE"
-        );
-        let Some(row) = sqlx::query(&sql)
-            .bind(id.tenant.as_str())
-            .bind(id.key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let before = KeyRow::from_row(&row)?;
-        sqlx::query(
-            "UPDATE dedupq_keys SET lease_until = now(), updated_at = now() \
-             WHERE tenant = $1 AND key = $2",
-        )
-        .bind(id.tenant.as_str())
-        .bind(id.key.as_str())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO dedupq_key_audit (tenant, key, action, reason, actor, before) \
-             VALUES ($1, $2, 'release', $3, $4, $5)",
-        )
-        .bind(id.tenant.as_str())
-        .bind(id.key.as_str())
-        .bind(reason)
-        .bind(actor)
-        .bind(sqlx::types::Json(&before))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Some(before))
     }
 
     /// Row counts of the open statuses (in_progress, unknown), read

@@ -7,6 +7,7 @@ mod connect;
 mod error;
 mod finish;
 mod maintenance;
+mod repair;
 mod transactional;
 
 pub use admin::{KeyFilter, KeyRow};
@@ -14,6 +15,7 @@ pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
 pub use finish::{Answer, Finish, FinishWrite};
+pub use repair::{Released, Repaired, Settlement};
 pub use transactional::TxClaim;
 
 use serde::Serialize;

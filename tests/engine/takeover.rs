@@ -119,9 +119,8 @@ async fn a_fenced_completion_is_reported_as_lease_lost_and_counted() {
     })
     .await;
     store
-        .release_key(&parsed.identity, "test", "tester")
+        .release_key(&parsed.identity, "test", "tester", true)
         .await
-        .unwrap()
         .unwrap();
     let request = support::claim_request(&parsed, &msg);
     let thief = store

@@ -1,0 +1,192 @@
+//! Operator interventions on one key (`dedupq keys release|settle|reset`).
+//! Each runs in one transaction with the row locked, and writes an audit
+//! row with the row as it was.
+
+use super::admin::{KeyRow, COLUMNS};
+use super::{KeyStatus, Store, StoreError};
+use crate::identity::Identity;
+use chrono::{DateTime, Utc};
+use sqlx::{Postgres, Transaction};
+
+/// What `release` found.
+#[derive(Debug)]
+pub enum Released {
+    Done(KeyRow),
+    /// Absent, done or failed: nothing to release.
+    NotOpen,
+    /// A worker holds a live lease: releasing now would let a second
+    /// execution start while the first may still act.
+    LeaseLive {
+        until: DateTime<Utc>,
+        owner: String,
+    },
+}
+
+/// What an operator learned from the provider about an unknown key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settlement {
+    /// It charged: `body` (what the provider says) is stored and replayed.
+    Done { status: i32, body: Vec<u8> },
+    /// It did not charge, for good.
+    Failed { status: i32, body: Vec<u8> },
+}
+
+/// What `settle` and `reset` found.
+#[derive(Debug)]
+pub enum Repaired {
+    Done(KeyRow),
+    Absent,
+    /// The key is not in a state this repair applies to.
+    Refused(KeyRow),
+}
+
+impl Store {
+    /// Ends the lease of an open key now, so the next delivery takes it
+    /// over (a held unknown key gets one more attempt with its stored
+    /// request). Refused while the lease is live unless `force`.
+    pub async fn release_key(
+        &self,
+        id: &Identity,
+        reason: &str,
+        actor: &str,
+        force: bool,
+    ) -> Result<Released, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let Some(before) = locked(&mut tx, id).await? else {
+            return Ok(Released::NotOpen);
+        };
+        if !matches!(before.status, KeyStatus::InProgress | KeyStatus::Unknown) {
+            return Ok(Released::NotOpen);
+        }
+        if let Some(until) = before.lease_until.filter(|u| *u > Utc::now()) {
+            if !force {
+                return Ok(Released::LeaseLive {
+                    until,
+                    owner: before.owner.clone(),
+                });
+            }
+        }
+        sqlx::query(
+            "UPDATE dedupq_keys SET lease_until = now(), updated_at = now() \
+             WHERE tenant = $1 AND key = $2",
+        )
+        .bind(id.tenant.as_str())
+        .bind(id.key.as_str())
+        .execute(&mut *tx)
+        .await?;
+        let action = if force { "release_forced" } else { "release" };
+        audit(&mut tx, id, action, reason, actor, &before).await?;
+        tx.commit().await?;
+        Ok(Released::Done(before))
+    }
+
+    /// Records what the provider says about a key whose outcome is
+    /// unknown (and no worker holds): duplicates then replay it.
+    pub async fn settle_key(
+        &self,
+        id: &Identity,
+        settlement: &Settlement,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Repaired, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let Some(before) = locked(&mut tx, id).await? else {
+            return Ok(Repaired::Absent);
+        };
+        let held = before.lease_until.is_none_or(|u| u <= Utc::now());
+        if before.status != KeyStatus::Unknown || !held {
+            return Ok(Repaired::Refused(before));
+        }
+        let (status, code, body) = match settlement {
+            Settlement::Done { status, body } => ("done", status, body),
+            Settlement::Failed { status, body } => ("failed", status, body),
+        };
+        sqlx::query(
+            "UPDATE dedupq_keys SET status = $3, result_status = $4, result_body = $5, \
+             result_content_type = 'application/json', lease_until = NULL, \
+             attempt_open = false, completed_at = now(), updated_at = now() \
+             WHERE tenant = $1 AND key = $2",
+        )
+        .bind(id.tenant.as_str())
+        .bind(id.key.as_str())
+        .bind(status)
+        .bind(code)
+        .bind(body)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            id,
+            &format!("settle_{status}"),
+            reason,
+            actor,
+            &before,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Repaired::Done(before))
+    }
+
+    /// Forgets a finished key stored wrongly (e.g. `failed` because the
+    /// handler was misconfigured): the next delivery runs it again, with
+    /// the same derived key. Only done and failed keys.
+    pub async fn reset_key(
+        &self,
+        id: &Identity,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Repaired, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let Some(before) = locked(&mut tx, id).await? else {
+            return Ok(Repaired::Absent);
+        };
+        if !matches!(before.status, KeyStatus::Done | KeyStatus::Failed) {
+            return Ok(Repaired::Refused(before));
+        }
+        sqlx::query("DELETE FROM dedupq_keys WHERE tenant = $1 AND key = $2")
+            .bind(id.tenant.as_str())
+            .bind(id.key.as_str())
+            .execute(&mut *tx)
+            .await?;
+        audit(&mut tx, id, "reset", reason, actor, &before).await?;
+        tx.commit().await?;
+        Ok(Repaired::Done(before))
+    }
+}
+
+async fn locked(
+    tx: &mut Transaction<'_, Postgres>,
+    id: &Identity,
+) -> Result<Option<KeyRow>, StoreError> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2 FOR UPDATE");
+    let row = sqlx::query(&sql)
+        .bind(id.tenant.as_str())
+        .bind(id.key.as_str())
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref().map(KeyRow::from_row).transpose()
+}
+
+async fn audit(
+    tx: &mut Transaction<'_, Postgres>,
+    id: &Identity,
+    action: &str,
+    reason: &str,
+    actor: &str,
+    before: &KeyRow,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO dedupq_key_audit (tenant, key, action, reason, actor, before) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id.tenant.as_str())
+    .bind(id.key.as_str())
+    .bind(action)
+    .bind(reason)
+    .bind(actor)
+    .bind(sqlx::types::Json(before))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
