@@ -89,6 +89,17 @@ impl Application {
         } = self;
         let metrics = engine.metrics().clone();
         let mut tasks = JoinSet::new();
+        if settings.api.enabled {
+            let api = crate::api::Api::build(&settings, engine.clone())
+                .await
+                .context("starting the HTTP API")?;
+            tracing::info!(listen = %settings.api.listen, "HTTP API listening");
+            let s = shutdown.clone();
+            tasks.spawn(async move {
+                api.serve(s).await;
+                Ok(())
+            });
+        }
         tasks.spawn(watch_signals(shutdown.clone()));
         {
             let (m, h, s) = (metrics.clone(), health.clone(), shutdown.clone());

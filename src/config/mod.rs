@@ -3,10 +3,12 @@
 //! a bad value stops the process with the setting's name and the fix.
 
 pub mod amqp;
+pub mod api;
 mod check;
 pub mod kafka;
 
 pub use amqp::{AmqpSettings, QueueType, Topology};
+pub use api::{ApiSettings, PublishTarget, RouteMode, RouteSettings, WebhookKind};
 pub use kafka::KafkaSettings;
 
 use crate::fingerprint::FingerprintSpec;
@@ -29,6 +31,7 @@ pub struct Settings {
     pub kafka: KafkaSettings,
     pub amqp: AmqpSettings,
     pub http: HttpSettings,
+    pub api: ApiSettings,
     pub log: LogSettings,
 }
 

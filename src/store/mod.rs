@@ -6,6 +6,7 @@ mod claim;
 mod connect;
 mod error;
 mod finish;
+mod lookup;
 mod maintenance;
 mod transactional;
 
@@ -14,6 +15,7 @@ pub use claim::{ClaimRequest, ClaimResult, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
 pub use finish::{Finish, FinishWrite};
+pub use lookup::KeyState;
 pub use transactional::TxClaim;
 
 use serde::Serialize;

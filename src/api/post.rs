@@ -1,0 +1,172 @@
+//! `POST /v1/<route>`: authenticate, read the body within its limit, find
+//! the key, check the identity rules — all before any claim — then run the
+//! handler (sync) or publish the command (async).
+
+use super::answer::{self, answer};
+use super::auth::Callers;
+use super::engine::{Checked, Command, Gate, Verdict};
+use super::problem::Problem;
+use super::publish::PublishError;
+use super::route::Route;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+pub struct Shared {
+    pub routes: HashMap<String, Route>,
+    pub callers: Callers,
+    pub gate: Gate,
+    pub in_flight: Arc<Semaphore>,
+    /// identity.max_body_bytes: the same limit on every transport.
+    pub body_limit: usize,
+    pub request_timeout: Duration,
+    /// Sync work outlives its request (a client that gives up does not stop
+    /// a payment half-way); shutdown waits for it.
+    pub tasks: TaskTracker,
+}
+
+pub async fn post_route(State(s): State<Arc<Shared>>, name: String, request: Request) -> Response {
+    let Some(route) = s.routes.get(&name) else {
+        return answer::no_route(&format!("/v1/{name}"));
+    };
+    let Ok(_permit) = s.in_flight.clone().try_acquire_owned() else {
+        return answer::overloaded();
+    };
+    let deadline = Instant::now() + s.request_timeout;
+    let response = match accept(&s, route, request, deadline).await {
+        Ok(r) | Err(r) => r,
+    };
+    tracing::debug!(route = %route.name, status = response.status().as_u16(), "api request");
+    response
+}
+
+/// Who signs or authenticates a request: known from its headers, or only
+/// once the body is there to check the signature against.
+enum Sender<'a> {
+    Caller(crate::identity::Tenant),
+    Signed(&'a super::signature::Webhook),
+}
+
+async fn accept(
+    s: &Shared,
+    route: &Route,
+    request: Request,
+    deadline: Instant,
+) -> Result<Response, Response> {
+    let received_at = Utc::now();
+    let (parts, body) = request.into_parts();
+    let sender = match &route.webhook {
+        Some(hook) => Sender::Signed(hook),
+        None => Sender::Caller(s.callers.tenant(&parts.headers).map_err(problem)?),
+    };
+    let body = match tokio::time::timeout_at(
+        deadline,
+        read_body(&parts.headers, body, s.body_limit),
+    )
+    .await
+    {
+        Ok(read) => read?,
+        Err(_) => return Err(answer::body_timeout()),
+    };
+    let tenant = match sender {
+        Sender::Caller(tenant) => tenant,
+        Sender::Signed(hook) => hook.authenticate(&parts.headers, &body).map_err(problem)?,
+    };
+    let key = route.key.extract(&parts.headers, &body).map_err(problem)?;
+    let command = Command {
+        route: route.name.clone(),
+        tenant,
+        key,
+        body,
+        received_at,
+    };
+    let checked = s.gate.check(command).map_err(answer)?;
+    Ok(match &route.publish {
+        None => run(s, checked, deadline).await,
+        Some(destination) => {
+            if let Some(verdict) = s.gate.look_up(&checked).await {
+                return Ok(answer(verdict));
+            }
+            let message = checked.outgoing();
+            match tokio::time::timeout_at(deadline, destination.publish(&message)).await {
+                Ok(Ok(())) => answer(Verdict::Accepted {
+                    key: checked.identity().key.as_str().to_string(),
+                    replayed: false,
+                }),
+                Ok(Err(e)) => problem(e),
+                Err(_) => problem(PublishError::Timeout),
+            }
+        }
+    })
+}
+
+/// Sync routes: the engine decides in a task of its own, which finishes
+/// and stores the outcome even if this request times out or its client
+/// goes away.
+async fn run(s: &Shared, checked: Checked, deadline: Instant) -> Response {
+    let gate = s.gate.clone();
+    let work = s.tasks.spawn(async move { gate.decide(checked).await });
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(Ok(verdict)) => answer(verdict),
+        Ok(Err(e)) => answer::internal(format!("the request's task failed: {e}")),
+        Err(_) => answer::still_running(),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("the body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("the body could not be read: {0}")]
+    Read(#[source] axum::Error),
+}
+
+impl From<BodyError> for Problem {
+    fn from(e: BodyError) -> Self {
+        let status = match e {
+            BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::Read(_) => StatusCode::BAD_REQUEST,
+        };
+        Problem::new(
+            status,
+            "invalid-request",
+            "The request is invalid; nothing was done",
+            e.to_string(),
+        )
+    }
+}
+
+/// The whole body, refused as soon as it passes `limit` (a declared
+/// length already over it is refused before reading).
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(problem(BodyError::TooLarge(limit)));
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| problem(BodyError::Read(e)))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(problem(BodyError::TooLarge(limit)));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+fn problem(e: impl Into<Problem>) -> Response {
+    e.into().into_response()
+}
