@@ -1,0 +1,12 @@
+//! The HTTP API against the real server: PostgreSQL, Kafka, RabbitMQ and
+//! the provider simulator. Every test has its own schema, port, topic and
+//! queue names.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod harness;
+
+mod crash;
+mod seed;
+mod webhooks;
