@@ -67,6 +67,8 @@ pub fn settings(store: &dedupq::config::StoreSettings, provider: &Provider, dir:
 /// The service running in this test's process.
 pub struct App {
     pub base: String,
+    /// The operator endpoint (/readyz, /metrics).
+    pub ops: SocketAddr,
     pub store: Store,
     pub engine: Engine,
     shutdown: CancellationToken,
@@ -80,11 +82,13 @@ impl App {
         let api = settings.api.listen;
         let app = Application::build(settings).await.expect("application builds");
         let (engine, shutdown) = (app.engine().clone(), app.shutdown_token());
+        let ops = app.local_addr();
         let store = engine.store().clone();
         let task = tokio::spawn(app.run_until_stopped());
         wait_listening(api).await;
         Self {
             base: format!("http://{api}"),
+            ops,
             store,
             engine,
             shutdown,
@@ -99,6 +103,16 @@ impl App {
         let mut s = settings(&store, provider, &dir);
         edit(&mut s, &dir);
         Self::start(s).await
+    }
+
+    /// Waits until /readyz reports the store and every configured broker up.
+    pub async fn wait_ready(&self) {
+        let url = format!("http://{}/readyz", self.ops);
+        eventually(Duration::from_secs(30), "the service is ready", || async {
+            let r = reqwest::get(&url).await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
     }
 
     pub fn url(&self, route: &str) -> String {

@@ -7,6 +7,8 @@ mod support;
 
 mod harness;
 
+mod async_routes;
 mod crash;
+mod cross_transport;
 mod seed;
 mod webhooks;
