@@ -119,6 +119,12 @@ impl Gate {
         self.engine.metrics()
     }
 
+    /// A request refused before it became a message (no key, body over
+    /// the limit): counted as invalid, like a queue message without a key.
+    pub fn count_invalid(&self) {
+        self.count(Outcome::Invalid);
+    }
+
     fn count(&self, outcome: Outcome) {
         self.metrics()
             .messages

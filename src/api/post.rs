@@ -68,20 +68,23 @@ async fn accept(
         Some(hook) => Sender::Signed(hook),
         None => Sender::Caller(s.callers.tenant(&parts.headers).map_err(problem)?),
     };
-    let body = match tokio::time::timeout_at(
-        deadline,
-        read_body(&parts.headers, body, s.body_limit),
-    )
-    .await
-    {
-        Ok(read) => read?,
+    let read = read_body(&parts.headers, body, s.body_limit);
+    let body = match tokio::time::timeout_at(deadline, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            s.gate.count_invalid();
+            return Err(e);
+        }
         Err(_) => return Err(answer::body_timeout()),
     };
     let tenant = match sender {
         Sender::Caller(tenant) => tenant,
         Sender::Signed(hook) => hook.authenticate(&parts.headers, &body).map_err(problem)?,
     };
-    let key = route.key.extract(&parts.headers, &body).map_err(problem)?;
+    let key = route.key.extract(&parts.headers, &body).map_err(|e| {
+        s.gate.count_invalid();
+        problem(e)
+    })?;
     let command = Command {
         route: route.name.clone(),
         tenant,

@@ -39,17 +39,35 @@ async fn an_async_command_is_accepted_once_kafka_has_it_and_a_repeat_gets_the_st
     let accepted = post(BODY).await;
     assert_eq!(accepted.status, 202, "{accepted:?}");
     assert!(!accepted.replayed());
-    assert_eq!(accepted.json(), json!({"status": "accepted", "idempotency_key": "pay-a1"}));
+    assert_eq!(
+        accepted.json(),
+        json!({"status": "accepted", "idempotency_key": "pay-a1"})
+    );
 
-    eventually(Duration::from_secs(30), "the consumer claimed it", || async {
-        (app.status("acme", "pay-a1").await.as_deref() == Some("in_progress")).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the consumer claimed it",
+        || async {
+            (app.status("acme", "pay-a1").await.as_deref() == Some("in_progress")).then_some(())
+        },
+    )
     .await;
     let pending = post(BODY).await;
-    assert_eq!((pending.status, pending.replayed()), (202, true), "{pending:?}");
-    assert_eq!(pending.json(), accepted.json(), "the same body while pending");
+    assert_eq!(
+        (pending.status, pending.replayed()),
+        (202, true),
+        "{pending:?}"
+    );
+    assert_eq!(
+        pending.json(),
+        accepted.json(),
+        "the same body while pending"
+    );
     let other = r#"{"amount": 999, "currency": "EUR", "recipient": "acct-9"}"#;
-    assert_eq!(post(other).await.problem(422), "urn:dedupq:problem:key-reused");
+    assert_eq!(
+        post(other).await.problem(422),
+        "urn:dedupq:problem:key-reused"
+    );
 
     eventually(Duration::from_secs(30), "the outcome is stored", || async {
         (app.status("acme", "pay-a1").await.as_deref() == Some("done")).then_some(())
@@ -84,19 +102,28 @@ async fn an_async_command_through_rabbitmq_is_charged_once_and_an_unroutable_one
     .await;
     app.wait_ready().await;
 
-    let accepted = app.post("later", Some(ACME_KEY), Some("pay-r1"), BODY).await;
+    let accepted = app
+        .post("later", Some(ACME_KEY), Some("pay-r1"), BODY)
+        .await;
     assert_eq!(accepted.status, 202, "{accepted:?}");
     eventually(Duration::from_secs(30), "the outcome is stored", || async {
         (app.status("acme", "pay-r1").await.as_deref() == Some("done")).then_some(())
     })
     .await;
-    let done = app.post("later", Some(ACME_KEY), Some("pay-r1"), BODY).await;
+    let done = app
+        .post("later", Some(ACME_KEY), Some("pay-r1"), BODY)
+        .await;
     assert_eq!((done.status, done.replayed()), (201, true), "{done:?}");
     assert_eq!(provider.charges_for("acme:pay-r1").await.len(), 1);
     assert_eq!(app.decided("amqp", "processed"), 1);
 
-    let refused = app.post("nowhere", Some(ACME_KEY), Some("pay-r2"), BODY).await;
-    assert_eq!(refused.problem(503), "urn:dedupq:problem:broker-unavailable");
+    let refused = app
+        .post("nowhere", Some(ACME_KEY), Some("pay-r2"), BODY)
+        .await;
+    assert_eq!(
+        refused.problem(503),
+        "urn:dedupq:problem:broker-unavailable"
+    );
     assert!(refused.retry_after() >= 1);
     assert_eq!(app.status("acme", "pay-r2").await, None, "nothing claimed");
     Client::connect().await.cleanup(&rabbit).await;

@@ -13,7 +13,9 @@ const BODY: &str = r#"{"amount": 100, "currency": "RUB", "recipient": "shop-1"}"
 /// Charges made for one payment when the process dies between the
 /// provider's charge and the stored result, and the client then retries
 /// until it gets an answer.
-async fn charges_after_a_crash_and_a_retry(honour_keys: bool) -> (Vec<dedupq::provider::Charge>, Reply) {
+async fn charges_after_a_crash_and_a_retry(
+    honour_keys: bool,
+) -> (Vec<dedupq::provider::Charge>, Reply) {
     let provider = Provider::start(Knobs {
         honour_keys,
         // The first call charges and never answers: the kill lands there.
@@ -67,17 +69,27 @@ routes = [{{ name = "payments" }}]
     })
     .await;
     dedupq.kill();
-    assert!(first.await.expect("task").is_err(), "the first request died with the process");
+    assert!(
+        first.await.expect("task").is_err(),
+        "the first request died with the process"
+    );
 
     dedupq.restart().await;
     wait_listening(api).await;
     let at_once = Reply::from(pay().await.expect("retry")).await;
-    assert_eq!(at_once.status, 409, "the dead owner's lease still holds the key: {at_once:?}");
+    assert_eq!(
+        at_once.status, 409,
+        "the dead owner's lease still holds the key: {at_once:?}"
+    );
 
-    let answered = eventually(Duration::from_secs(30), "the retry after the lease", || async {
-        let r = Reply::from(pay().await.ok()?).await;
-        (r.status != 409).then_some(r)
-    })
+    let answered = eventually(
+        Duration::from_secs(30),
+        "the retry after the lease",
+        || async {
+            let r = Reply::from(pay().await.ok()?).await;
+            (r.status != 409).then_some(r)
+        },
+    )
     .await;
     assert!(
         dedupq.metric("dedupq_lease_takeovers_total").await >= 1.0,
@@ -89,7 +101,11 @@ routes = [{{ name = "payments" }}]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_after_the_provider_charged_the_retry_after_the_lease_is_charged_nothing_more() {
     let (charges, answer) = charges_after_a_crash_and_a_retry(true).await;
-    assert_eq!(charges.len(), 1, "one charge under the derived key: {charges:?}");
+    assert_eq!(
+        charges.len(),
+        1,
+        "one charge under the derived key: {charges:?}"
+    );
     // The provider recognised the derived key and answered with the
     // first charge, which is what dedupq stored and the client got.
     assert_eq!(answer.status, 200, "{answer:?}");

@@ -32,11 +32,20 @@ async fn a_payment_paid_over_http_and_then_sent_through_kafka_is_charged_once() 
 
     let paid = app.pay("pay-x1", BODY).await;
     assert_eq!(paid.status, 201, "{paid:?}");
-    produce(&kafka::producer(), &topic, 0, &headers("acme", "pay-x1"), BODY.as_bytes()).await;
+    produce(
+        &kafka::producer(),
+        &topic,
+        0,
+        &headers("acme", "pay-x1"),
+        BODY.as_bytes(),
+    )
+    .await;
 
-    eventually(Duration::from_secs(30), "the Kafka copy decided", || async {
-        (app.decided("kafka", "duplicate") == 1).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the Kafka copy decided",
+        || async { (app.decided("kafka", "duplicate") == 1).then_some(()) },
+    )
     .await;
     assert_eq!(app.decided("kafka", "processed"), 0);
     assert_eq!(provider.stats().await.charges, 1, "one charge");
@@ -50,17 +59,25 @@ async fn a_payment_sent_through_rabbitmq_and_then_over_http_is_charged_once() {
     app.wait_ready().await;
     let client = Client::connect().await;
 
-    client.publish(&rabbit.queues[0], &Msg::new("acme", "pay-x2", BODY)).await;
-    eventually(Duration::from_secs(30), "the RabbitMQ copy processed", || async {
-        (app.decided("amqp", "processed") == 1).then_some(())
-    })
+    client
+        .publish(&rabbit.queues[0], &Msg::new("acme", "pay-x2", BODY))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        "the RabbitMQ copy processed",
+        || async { (app.decided("amqp", "processed") == 1).then_some(()) },
+    )
     .await;
 
     let paid = app.pay("pay-x2", BODY).await;
     assert_eq!((paid.status, paid.replayed()), (201, true), "{paid:?}");
     let charges = provider.charges_for("acme:pay-x2").await;
     assert_eq!(charges.len(), 1);
-    assert_eq!(paid.json()["id"], format!("ch_{}", charges[0].id), "the stored charge");
+    assert_eq!(
+        paid.json()["id"],
+        format!("ch_{}", charges[0].id),
+        "the stored charge"
+    );
     assert_eq!(provider.stats().await.charges, 1);
     client.cleanup(&rabbit).await;
 }

@@ -46,9 +46,15 @@ pub fn sync_route(name: &str) -> RouteSettings {
 
 /// Settings of one test: its schema, short leases, the payment handler
 /// aimed at `provider`, and the API with the keys file and `/v1/payments`.
-pub fn settings(store: &dedupq::config::StoreSettings, provider: &Provider, dir: &Path) -> Settings {
-    let mut s = Settings::default();
-    s.store = store.clone();
+pub fn settings(
+    store: &dedupq::config::StoreSettings,
+    provider: &Provider,
+    dir: &Path,
+) -> Settings {
+    let mut s = Settings {
+        store: store.clone(),
+        ..Settings::default()
+    };
     s.engine.lease = Duration::from_secs(3);
     s.engine.renew_every = Duration::from_secs(1);
     s.engine.retry_backoff_min = Duration::from_millis(50);
@@ -80,7 +86,9 @@ impl App {
     pub async fn start(settings: Settings) -> Self {
         settings.validate().expect("valid test settings");
         let api = settings.api.listen;
-        let app = Application::build(settings).await.expect("application builds");
+        let app = Application::build(settings)
+            .await
+            .expect("application builds");
         let (engine, shutdown) = (app.engine().clone(), app.shutdown_token());
         let ops = app.local_addr();
         let store = engine.store().clone();
@@ -124,7 +132,13 @@ impl App {
         self.post("payments", Some(ACME_KEY), Some(key), body).await
     }
 
-    pub async fn post(&self, route: &str, api_key: Option<&str>, key: Option<&str>, body: &str) -> Reply {
+    pub async fn post(
+        &self,
+        route: &str,
+        api_key: Option<&str>,
+        key: Option<&str>,
+        body: &str,
+    ) -> Reply {
         let mut request = client().post(self.url(route)).body(body.to_string());
         request = request.header("content-type", "application/json");
         if let Some(k) = api_key {

@@ -8,7 +8,10 @@ mod support;
 mod harness;
 
 mod async_routes;
+mod config;
 mod crash;
 mod cross_transport;
+mod requests;
 mod seed;
+mod shutdown;
 mod webhooks;

@@ -54,9 +54,11 @@ async fn a_retry_while_the_first_request_runs_answers_409_and_a_retry_after_it_r
             crate::harness::Reply::from(request.send().await.expect("first request")).await
         }
     });
-    eventually(Duration::from_secs(10), "the provider is charging", || async {
-        (provider.stats().await.charges == 1).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the provider is charging",
+        || async { (provider.stats().await.charges == 1).then_some(()) },
+    )
     .await;
 
     let during = app.pay("order-2", ORDER).await;
@@ -71,7 +73,11 @@ async fn a_retry_while_the_first_request_runs_answers_409_and_a_retry_after_it_r
     let after = app.pay("order-2", ORDER).await;
     assert_eq!(after.status, 201, "{after:?}");
     assert!(after.replayed(), "marked Idempotent-Replayed: true");
-    assert_eq!(after.json(), first.json(), "the stored body, byte for byte the same JSON");
+    assert_eq!(
+        after.json(),
+        first.json(),
+        "the stored body, byte for byte the same JSON"
+    );
     assert_eq!(provider.stats().await.charges, 1);
 }
 
@@ -99,7 +105,9 @@ async fn the_same_key_under_another_tenant_is_another_payment() {
     let app = App::with(&provider, |_, _| {}).await;
 
     let acme = app.pay("order-1", ORDER).await;
-    let globex = app.post("payments", Some(GLOBEX_KEY), Some("order-1"), ORDER).await;
+    let globex = app
+        .post("payments", Some(GLOBEX_KEY), Some("order-1"), ORDER)
+        .await;
     assert_eq!((acme.status, globex.status), (201, 201));
     assert!(!globex.replayed(), "not acme's stored answer");
     assert_ne!(acme.json()["id"], globex.json()["id"]);
@@ -108,5 +116,9 @@ async fn the_same_key_under_another_tenant_is_another_payment() {
     assert_eq!(provider.charges_for("globex:order-1").await.len(), 1);
 
     let acme_again = app.pay("order-1", ORDER).await;
-    assert_eq!(acme_again.json(), acme.json(), "each tenant replays its own");
+    assert_eq!(
+        acme_again.json(),
+        acme.json(),
+        "each tenant replays its own"
+    );
 }

@@ -28,13 +28,19 @@ fn mac(secret: &str, parts: &[&[u8]]) -> String {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// `t=<t>,v1=<HMAC of "<t>.<body>">`, as Stripe signs.
 fn stripe_signature(t: u64, body: &str) -> String {
     let t = t.to_string();
-    format!("t={t},v1={}", mac(STRIPE_SECRET, &[t.as_bytes(), b".", body.as_bytes()]))
+    format!(
+        "t={t},v1={}",
+        mac(STRIPE_SECRET, &[t.as_bytes(), b".", body.as_bytes()])
+    )
 }
 
 fn routes(dir: &Path) -> Vec<RouteSettings> {
@@ -68,7 +74,9 @@ tenant = "acme"
     struct Routes {
         routes: Vec<RouteSettings>,
     }
-    toml::from_str::<Routes>(&text).expect("webhook routes").routes
+    toml::from_str::<Routes>(&text)
+        .expect("webhook routes")
+        .routes
 }
 
 async fn start(provider: &Provider) -> App {
@@ -88,7 +96,8 @@ async fn deliver(app: &App, route: &str, headers: &[(&str, String)], body: &str)
     Reply::from(request.send().await.expect("delivery")).await
 }
 
-const EVENT: &str = r#"{"id":"evt_1NZ","type":"payment_intent.succeeded","amount":100,"currency":"eur"}"#;
+const EVENT: &str =
+    r#"{"id":"evt_1NZ","type":"payment_intent.succeeded","amount":100,"currency":"eur"}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_signed_stripe_event_delivered_three_times_two_at_once_is_processed_once() {
@@ -115,7 +124,11 @@ async fn a_signed_stripe_event_delivered_three_times_two_at_once_is_processed_on
 
     assert_eq!(provider.stats().await.charges, 1, "processed once");
     let charges = provider.charges_for("acme:evt_1NZ").await;
-    assert_eq!(charges.len(), 1, "keyed by the event id under the route's tenant");
+    assert_eq!(
+        charges.len(),
+        1,
+        "keyed by the event id under the route's tenant"
+    );
     assert_eq!(app.decided("http", "processed"), 1);
     assert_eq!(app.decided("http", "duplicate"), 1);
 }
@@ -133,7 +146,10 @@ async fn a_tampered_body_or_an_expired_timestamp_answers_401_and_leaves_no_key()
     let ten_minutes_ago = vec![("Stripe-Signature", stripe_signature(now() - 600, EVENT))];
     let r = deliver(&app, "stripe", &ten_minutes_ago, EVENT).await;
     assert_eq!(r.problem(401), "urn:dedupq:problem:bad-signature");
-    assert!(r.json()["detail"].as_str().unwrap().contains("timestamp"), "{r:?}");
+    assert!(
+        r.json()["detail"].as_str().unwrap().contains("timestamp"),
+        "{r:?}"
+    );
 
     let r = deliver(&app, "stripe", &[], EVENT).await;
     assert_eq!(r.problem(401), "urn:dedupq:problem:bad-signature");
@@ -158,14 +174,22 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     let push = r#"{"ref":"refs/heads/main","amount":1}"#;
     let github = |secret: &str| {
         vec![
-            ("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string()),
+            (
+                "X-GitHub-Delivery",
+                "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
+            ),
             (
                 "X-Hub-Signature-256",
                 format!("sha256={}", mac(secret, &[push.as_bytes()])),
             ),
         ]
     };
-    assert_eq!(deliver(&app, "github", &github("wrong"), push).await.problem(401), "urn:dedupq:problem:bad-signature");
+    assert_eq!(
+        deliver(&app, "github", &github("wrong"), push)
+            .await
+            .problem(401),
+        "urn:dedupq:problem:bad-signature"
+    );
     let first = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
     assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
     let redelivered = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
@@ -181,12 +205,18 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     let event = r#"{"kind":"invoice.paid","amount":7}"#;
     let generic = vec![
         ("X-Event-Id", "inv-7".to_string()),
-        ("X-Signature", format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()]))),
+        (
+            "X-Signature",
+            format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
+        ),
     ];
     assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
     assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
     assert_eq!(provider.charges_for("acme:inv-7").await.len(), 1);
     let unsigned = vec![("X-Event-Id", "inv-8".to_string())];
-    assert_eq!(deliver(&app, "events", &unsigned, event).await.problem(401), "urn:dedupq:problem:bad-signature");
+    assert_eq!(
+        deliver(&app, "events", &unsigned, event).await.problem(401),
+        "urn:dedupq:problem:bad-signature"
+    );
     assert_eq!(app.status("acme", "inv-8").await, None);
 }
