@@ -8,6 +8,7 @@ mod support;
 mod harness;
 
 mod async_routes;
+mod bench;
 mod config;
 mod crash;
 mod cross_transport;
