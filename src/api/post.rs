@@ -4,16 +4,16 @@
 
 use super::answer::{self, answer};
 use super::auth::Callers;
+use super::body::read_body;
 use super::engine::{Checked, Command, Gate, Verdict};
 use super::problem::Problem;
 use super::publish::PublishError;
 use super::route::Route;
-use axum::body::{Body, Bytes};
+use super::signature::Webhook;
+use crate::identity::Tenant;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,7 @@ pub struct Shared {
     pub tasks: TaskTracker,
 }
 
-pub async fn post_route(State(s): State<Arc<Shared>>, name: String, request: Request) -> Response {
+pub async fn handle(State(s): State<Arc<Shared>>, name: String, request: Request) -> Response {
     let Some(route) = s.routes.get(&name) else {
         return answer::no_route(&format!("/v1/{name}"));
     };
@@ -52,8 +52,8 @@ pub async fn post_route(State(s): State<Arc<Shared>>, name: String, request: Req
 /// Who signs or authenticates a request: known from its headers, or only
 /// once the body is there to check the signature against.
 enum Sender<'a> {
-    Caller(crate::identity::Tenant),
-    Signed(&'a super::signature::Webhook),
+    Caller(Tenant),
+    Signed(&'a Webhook),
 }
 
 async fn accept(
@@ -73,7 +73,7 @@ async fn accept(
         Ok(Ok(body)) => body,
         Ok(Err(e)) => {
             s.gate.count_invalid();
-            return Err(e);
+            return Err(problem(e));
         }
         Err(_) => return Err(answer::body_timeout()),
     };
@@ -123,51 +123,6 @@ async fn run(s: &Shared, checked: Checked, deadline: Instant) -> Response {
         Ok(Err(e)) => answer::internal(format!("the request's task failed: {e}")),
         Err(_) => answer::still_running(),
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum BodyError {
-    #[error("the body is larger than {0} bytes")]
-    TooLarge(usize),
-    #[error("the body could not be read: {0}")]
-    Read(#[source] axum::Error),
-}
-
-impl From<BodyError> for Problem {
-    fn from(e: BodyError) -> Self {
-        let status = match e {
-            BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            BodyError::Read(_) => StatusCode::BAD_REQUEST,
-        };
-        Problem::new(
-            status,
-            "invalid-request",
-            "The request is invalid; nothing was done",
-            e.to_string(),
-        )
-    }
-}
-
-/// The whole body, refused as soon as it passes `limit` (a declared
-/// length already over it is refused before reading).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(problem(BodyError::TooLarge(limit)));
-    }
-    let mut stream = body.into_data_stream();
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| problem(BodyError::Read(e)))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(problem(BodyError::TooLarge(limit)));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(buf))
 }
 
 fn problem(e: impl Into<Problem>) -> Response {

@@ -148,8 +148,12 @@ fn the_readme_route_examples_are_valid_routes() {
         .find(|b| b.contains("[[api.routes]]"))
         .expect("a block of route examples in the README");
     let keys = keys_file(&scratch());
-    let text = format!("[api]\nenabled = true\nkeys_file = \"{}\"\n{block}", keys.display());
+    let text = format!(
+        "[api]\nenabled = true\nkeys_file = \"{}\"\n{block}",
+        keys.display()
+    );
     let s: Settings = toml::from_str(&text).expect("the examples parse as settings");
-    s.validate().expect("the examples are a valid configuration");
+    s.validate()
+        .expect("the examples are a valid configuration");
     assert_eq!(s.api.routes.len(), 3);
 }
