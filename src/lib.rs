@@ -3,6 +3,7 @@
 //! any work, the handler runs, its outcome is stored, and only then is the
 //! offset committed or the delivery acked.
 
+pub mod api;
 pub mod backoff;
 pub mod bench;
 pub mod cli;

@@ -17,6 +17,12 @@ pub enum Source {
         queue: String,
         delivery_tag: u64,
     },
+    /// A request to the HTTP API: the route's name and a per-process
+    /// request number.
+    Http {
+        route: String,
+        request_id: u64,
+    },
     /// Messages fed to the engine directly (library use, tests).
     Direct {
         id: u64,
@@ -35,6 +41,7 @@ impl fmt::Display for Source {
                 queue,
                 delivery_tag,
             } => write!(f, "amqp:{queue}#{delivery_tag}"),
+            Source::Http { route, request_id } => write!(f, "http:{route}#{request_id}"),
             Source::Direct { id } => write!(f, "direct:{id}"),
         }
     }

@@ -113,6 +113,17 @@ impl Application {
                 .context("checking key retention against the Kafka topics")?;
         }
         let mut tasks = JoinSet::new();
+        if settings.api.enabled {
+            let api = crate::api::Api::build(&settings, pipeline.clone(), store.clone())
+                .await
+                .context("starting the HTTP API")?;
+            tracing::info!(listen = %settings.api.listen, "HTTP API listening");
+            let s = shutdown.clone();
+            tasks.spawn(async move {
+                api.serve(s).await;
+                Ok(())
+            });
+        }
         tasks.spawn(watch_signals(shutdown.clone()));
         {
             let (m, h, s) = (metrics.clone(), health.clone(), shutdown.clone());

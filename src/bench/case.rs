@@ -21,6 +21,10 @@ pub enum Kind {
     DedupqAmqp,
     /// (e) RabbitMQ consume and ack, no deduplication.
     RawAmqp,
+    /// (f) The HTTP API's sync route (`partitions`: concurrent clients).
+    HttpSync,
+    /// (f) The same handler behind a plain HTTP route, no deduplication.
+    HttpDirect,
 }
 
 impl Kind {
@@ -31,6 +35,11 @@ impl Kind {
     pub fn uses_amqp(self) -> bool {
         matches!(self, Kind::DedupqAmqp | Kind::RawAmqp)
     }
+
+    /// Whether the parent prepares messages on a broker for the case.
+    pub fn consumes(self) -> bool {
+        self.uses_kafka() || self.uses_amqp()
+    }
 }
 
 /// One row of the table.
@@ -39,7 +48,8 @@ pub struct Case {
     /// Row label, also used by `--only` and the ratio checks.
     pub label: String,
     pub kind: Kind,
-    /// Kafka partitions; for `PgLimit` the number of connections.
+    /// Kafka partitions; for `PgLimit` the number of connections; for the
+    /// HTTP cases the number of concurrent clients.
     pub partitions: i32,
     /// Messages of the throughput run (duplicates included).
     pub messages: usize,

@@ -6,7 +6,7 @@ use super::case::{Job, Kind, Measured, Phase};
 use super::kafka::{self, Positions, COMMIT_INTERVAL};
 use super::service::{self, sent_at, CASE_LIMIT};
 use super::stats::{now_us, peak_rss_kb, percentiles, usage};
-use super::{amqp, naive, pg_limit};
+use super::{amqp, http, naive, pg_limit};
 use crate::config::Settings;
 use rdkafka::consumer::CommitMode;
 use rdkafka::message::Message;
@@ -22,6 +22,8 @@ pub async fn run_job(job: &Job, settings: &Settings) -> anyhow::Result<Measured>
         Kind::RawKafka => raw_kafka(job).await,
         Kind::RawAmqp => amqp::raw(job).await,
         Kind::PgLimit => pg_limit::run(job).await,
+        Kind::HttpSync => http::run(job, settings, true).await,
+        Kind::HttpDirect => http::run(job, settings, false).await,
     }
 }
 

@@ -11,6 +11,7 @@ mod amqp;
 mod args;
 mod case;
 mod child;
+mod http;
 mod kafka;
 mod naive;
 mod pg_limit;

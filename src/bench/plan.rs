@@ -27,11 +27,8 @@ impl Plan {
             messages: size(messages),
             duplicates: false,
             schema: None,
-            latency_secs: if kind == Kind::PgLimit {
-                0.0
-            } else {
-                latency_secs
-            },
+            // Brokerless cases measure latency in their throughput run.
+            latency_secs: if kind.consumes() { latency_secs } else { 0.0 },
             buffered_per_partition: None,
         };
         let mut cases = Vec::new();
@@ -60,6 +57,14 @@ impl Plan {
         cases.push(case("d pg 4 conns".into(), Kind::PgLimit, 4, 500_000));
         cases.push(case("e dedupq amqp".into(), Kind::DedupqAmqp, 1, 60_000));
         cases.push(case("e raw amqp".into(), Kind::RawAmqp, 1, 60_000));
+        // 100 concurrent HTTP clients; p50/p99 are per request at full load.
+        cases.push(case("f http sync 100c".into(), Kind::HttpSync, 100, 20_000));
+        cases.push(case(
+            "f http direct 100c".into(),
+            Kind::HttpDirect,
+            100,
+            20_000,
+        ));
         let mut mix = case(
             format!("a dedupq {MIX_PARTITIONS}p 50% dup"),
             Kind::Dedupq,

@@ -155,7 +155,7 @@ async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Res
         amqp_url: env.amqp_url.clone(),
         log_path: env.workdir.join(format!("{source}-{phase:?}.log")),
     };
-    let result = if case.kind == Kind::PgLimit {
+    let result = if !case.kind.consumes() {
         spawn(&job(case.messages, 0), env, None).await
     } else {
         let (stream, warmup) = workload(case, phase, rate);

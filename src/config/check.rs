@@ -12,6 +12,9 @@ pub fn validate(s: &Settings) -> Result<(), ConfigError> {
     if !s.amqp.queues.is_empty() {
         s.amqp.validate()?;
     }
+    if s.api.enabled {
+        super::api::check(s)?;
+    }
     Ok(())
 }
 

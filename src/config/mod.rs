@@ -3,11 +3,13 @@
 //! a bad value stops the process with the setting's name and the fix.
 
 pub mod amqp;
+pub mod api;
 mod check;
 pub mod handler;
 pub mod kafka;
 
 pub use amqp::{AmqpSettings, QueueType, Topology};
+pub use api::{ApiSettings, PublishTarget, RouteMode, RouteSettings, WebhookKind};
 pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
 
@@ -31,6 +33,7 @@ pub struct Settings {
     pub kafka: KafkaSettings,
     pub amqp: AmqpSettings,
     pub http: HttpSettings,
+    pub api: ApiSettings,
     pub log: LogSettings,
 }
 

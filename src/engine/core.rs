@@ -229,6 +229,7 @@ pub fn transport_label(source: &Source) -> &'static str {
     match source {
         Source::Kafka { .. } => "kafka",
         Source::Amqp { .. } => "amqp",
+        Source::Http { .. } => "http",
         Source::Direct { .. } => "direct",
     }
 }

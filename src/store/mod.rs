@@ -6,6 +6,7 @@ mod claim;
 mod connect;
 mod error;
 mod finish;
+mod lookup;
 mod maintenance;
 mod repair;
 mod transactional;
@@ -15,6 +16,7 @@ pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
 pub use finish::{Answer, Finish, FinishWrite};
+pub use lookup::KeyState;
 pub use repair::{Released, Repaired, Settlement};
 pub use transactional::TxClaim;
 

@@ -11,7 +11,7 @@ use sqlx::{Postgres, Transaction};
 /// What `release` found.
 #[derive(Debug)]
 pub enum Released {
-    Done(KeyRow),
+    Done(Box<KeyRow>),
     /// Absent, done or failed: nothing to release.
     NotOpen,
     /// A worker holds a live lease: releasing now would let a second
@@ -34,10 +34,10 @@ pub enum Settlement {
 /// What `settle` and `reset` found.
 #[derive(Debug)]
 pub enum Repaired {
-    Done(KeyRow),
+    Done(Box<KeyRow>),
     Absent,
     /// The key is not in a state this repair applies to.
-    Refused(KeyRow),
+    Refused(Box<KeyRow>),
 }
 
 impl Store {
@@ -77,7 +77,7 @@ impl Store {
         let action = if force { "release_forced" } else { "release" };
         audit(&mut tx, id, action, reason, actor, &before).await?;
         tx.commit().await?;
-        Ok(Released::Done(before))
+        Ok(Released::Done(Box::new(before)))
     }
 
     /// Records what the provider says about a key whose outcome is
@@ -95,7 +95,7 @@ impl Store {
         };
         let held = before.lease_until.is_none_or(|u| u <= Utc::now());
         if before.status != KeyStatus::Unknown || !held {
-            return Ok(Repaired::Refused(before));
+            return Ok(Repaired::Refused(Box::new(before)));
         }
         let (status, code, body) = match settlement {
             Settlement::Done { status, body } => ("done", status, body),
@@ -124,7 +124,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
-        Ok(Repaired::Done(before))
+        Ok(Repaired::Done(Box::new(before)))
     }
 
     /// Forgets a finished key stored wrongly (e.g. `failed` because the
@@ -141,7 +141,7 @@ impl Store {
             return Ok(Repaired::Absent);
         };
         if !matches!(before.status, KeyStatus::Done | KeyStatus::Failed) {
-            return Ok(Repaired::Refused(before));
+            return Ok(Repaired::Refused(Box::new(before)));
         }
         sqlx::query("DELETE FROM dedupq_keys WHERE tenant = $1 AND key = $2")
             .bind(id.tenant.as_str())
@@ -150,7 +150,7 @@ impl Store {
             .await?;
         audit(&mut tx, id, "reset", reason, actor, &before).await?;
         tx.commit().await?;
-        Ok(Repaired::Done(before))
+        Ok(Repaired::Done(Box::new(before)))
     }
 }
 

@@ -1,0 +1,313 @@
+//! Every contact of the HTTP API with the engine and the key table, in one
+//! place: a request becomes an `Incoming` in the same key space as Kafka
+//! and RabbitMQ messages, the engine decides it, and the decision becomes a
+//! transport-free `Verdict` that `answer.rs` turns into an HTTP response.
+
+use crate::config::{ConfigError, IdentitySettings, TenantSource};
+use crate::engine::{
+    Action, DeadLetterReason, Decision, Incoming, InvalidReason, Outcome, Pipeline, Source,
+};
+use crate::fingerprint::Fingerprint;
+use crate::identity::{IdempotencyKey, Identity, Tenant};
+use crate::metrics::Metrics;
+use crate::store::{KeyState, KeyStatus, Store, StoredResult};
+use axum::body::Bytes;
+use chrono::{DateTime, Utc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One authenticated request with its key, before any claim.
+pub struct Command {
+    pub route: Arc<str>,
+    pub tenant: Tenant,
+    pub key: IdempotencyKey,
+    pub body: Bytes,
+    /// The request's `Content-Type`, forwarded with the body.
+    pub content_type: Option<String>,
+    pub received_at: DateTime<Utc>,
+}
+
+/// A stored outcome as an answer carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    /// The handler's status (not necessarily a valid HTTP status: a
+    /// failure without an answer is stored as 0).
+    pub status: i32,
+    pub body: Bytes,
+    pub content_type: String,
+}
+
+/// What the API answers, whichever way it was decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The key's stored outcome: fresh, or `replayed` for a repeat.
+    Stored { result: Stored, replayed: bool },
+    /// Another request holds the key's live lease.
+    InFlight { retry_after: Duration },
+    /// The key was used for another operation (fingerprint).
+    Conflict,
+    /// Refused before any claim.
+    Invalid { detail: String, too_large: bool },
+    /// The handler failed transiently; the key is free for the retry.
+    Released { retry_after: Duration },
+    /// The handler's effect is unknown (it timed out after sending); the
+    /// retry calls it again with the same derived key. None: attempts
+    /// exhausted, an operator must reconcile.
+    Unknown { retry_after: Option<Duration> },
+    /// This worker's lease ended while the handler ran; another owns the key.
+    LeaseLost { retry_after: Duration },
+    /// Async routes: the command was published (`replayed`: earlier, and
+    /// its key is still open).
+    Accepted { key: String, replayed: bool },
+    /// The key table could not be reached.
+    Unavailable { detail: String },
+}
+
+/// A command that passed the identity rules: ready to claim or publish.
+pub struct Checked {
+    incoming: Incoming,
+    identity: Identity,
+    fingerprint: Fingerprint,
+}
+
+/// What an async route publishes: the headers the consumers read the same
+/// tenant and key from, the body as received.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub key: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+/// The headers of an async route's message: text names (the ones the
+/// identity rules read).
+fn text_headers(incoming: &Incoming) -> Vec<(String, Vec<u8>)> {
+    incoming
+        .headers
+        .iter()
+        .filter_map(|h| {
+            Some((
+                h.name_str()?.to_string(),
+                h.value.clone().unwrap_or_default(),
+            ))
+        })
+        .collect()
+}
+
+impl Checked {
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn outgoing(&self) -> Outgoing {
+        Outgoing {
+            key: self.identity.key.as_str().to_string(),
+            headers: text_headers(&self.incoming),
+            body: self.incoming.body.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gate {
+    pipeline: Arc<dyn Pipeline>,
+    store: Store,
+    tenant_header: Arc<str>,
+    next_request: Arc<AtomicU64>,
+}
+
+impl Gate {
+    pub fn new(
+        pipeline: Arc<dyn Pipeline>,
+        store: Store,
+        identity: &IdentitySettings,
+    ) -> Result<Self, ConfigError> {
+        let TenantSource::Header { name } = &identity.tenant else {
+            return Err(ConfigError::new(
+                "identity.tenant",
+                "the HTTP API needs the tenant in a header",
+                "use from = \"header\" when [api] is enabled",
+            ));
+        };
+        Ok(Self {
+            pipeline,
+            store,
+            tenant_header: name.as_str().into(),
+            next_request: Arc::new(AtomicU64::new(1)),
+        })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        self.pipeline.metrics()
+    }
+
+    /// A request refused before it became a message (no key, body over
+    /// the limit): counted as invalid, like a queue message without a key.
+    pub fn count_invalid(&self) {
+        self.count(Outcome::Invalid);
+    }
+
+    fn count(&self, outcome: Outcome) {
+        self.metrics()
+            .messages
+            .with_label_values(&["http", outcome.label()])
+            .inc();
+    }
+
+    /// Applies the identity rules of every transport (body size, JSON
+    /// object, tenant, key, fingerprint). A refusal claims nothing.
+    pub fn check(&self, cmd: Command) -> Result<Checked, Verdict> {
+        let source = Source::Http {
+            route: cmd.route.to_string(),
+            request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
+        };
+        // Only these two: a tenant header the client sent never gets in.
+        let mut incoming = Incoming::new(source, cmd.body.to_vec())
+            .with_header(self.tenant_header.as_bytes(), cmd.tenant.as_str())
+            .with_header(self.pipeline.parser().key_header(), cmd.key.as_str());
+        incoming.content_type = cmd.content_type;
+        incoming.received_at = cmd.received_at;
+        match self.pipeline.parser().parse(&incoming) {
+            Ok(parsed) => Ok(Checked {
+                incoming,
+                identity: parsed.identity,
+                fingerprint: parsed.fingerprint,
+            }),
+            Err(reason) => {
+                self.count(Outcome::Invalid);
+                Err(invalid(&reason))
+            }
+        }
+    }
+
+    /// Sync routes: claim, run the handler, store, in the engine.
+    pub async fn decide(&self, checked: Checked) -> Verdict {
+        let batch = std::slice::from_ref(&checked.incoming);
+        let verdict = match self.pipeline.process(batch).await {
+            Ok(mut decisions) => match decisions.pop() {
+                Some(d) => self.verdict(d, &checked).await,
+                None => Verdict::Unavailable {
+                    detail: "no decision was made".into(),
+                },
+            },
+            Err(e) => Verdict::Unavailable {
+                detail: crate::telemetry::chain(&e).to_string(),
+            },
+        };
+        if let Verdict::Stored { .. } = verdict {
+            let took = (Utc::now() - checked.incoming.received_at).to_std();
+            self.metrics()
+                .end_to_end
+                .with_label_values(&["http"])
+                .observe(took.unwrap_or_default().as_secs_f64());
+        }
+        verdict
+    }
+
+    async fn verdict(&self, d: Decision, checked: &Checked) -> Verdict {
+        match d.action {
+            // Held for an operator after every attempt: answered unknown.
+            Action::Commit { reply: Some(r) } if r.status == KeyStatus::Unknown => {
+                Verdict::Unknown { retry_after: None }
+            }
+            Action::Commit { reply: Some(r) } => Verdict::Stored {
+                result: stored(r),
+                replayed: d.outcome == Outcome::Duplicate,
+            },
+            // Retries exhausted: the failure is stored; answer it as stored.
+            Action::Commit { reply: None }
+            | Action::DeadLetter {
+                reason: DeadLetterReason::ExhaustedRetries,
+                ..
+            } => self.read_stored(checked).await,
+            Action::DeadLetter {
+                reason: DeadLetterReason::Conflict,
+                ..
+            } => Verdict::Conflict,
+            Action::DeadLetter {
+                reason: DeadLetterReason::Invalid(reason),
+                ..
+            } => invalid(&reason),
+            Action::DeadLetter {
+                reason: DeadLetterReason::OutcomeUnknown,
+                ..
+            } => Verdict::Unknown { retry_after: None },
+            Action::DeadLetter {
+                reason: DeadLetterReason::StoreRejected | DeadLetterReason::RetryLimit,
+                detail,
+            } => Verdict::Unavailable { detail },
+            Action::RetryLater { after } => match d.outcome {
+                Outcome::Unknown => Verdict::Unknown {
+                    retry_after: Some(after),
+                },
+                Outcome::Retried | Outcome::Fault => Verdict::Released { retry_after: after },
+                Outcome::LeaseLost => Verdict::LeaseLost { retry_after: after },
+                _ => Verdict::InFlight { retry_after: after },
+            },
+        }
+    }
+
+    async fn read_stored(&self, checked: &Checked) -> Verdict {
+        match self.store.lookup(&checked.identity).await {
+            Ok(Some(KeyState {
+                result: Some(r), ..
+            })) => Verdict::Stored {
+                result: stored(r),
+                replayed: false,
+            },
+            Ok(_) => Verdict::Unavailable {
+                detail: "the stored outcome could not be read back".into(),
+            },
+            Err(e) => Verdict::Unavailable {
+                detail: format!("{e}"),
+            },
+        }
+    }
+
+    /// Async routes: what a repeat of an accepted command gets, without
+    /// claiming (the consumer claims). None: the key was never claimed.
+    pub async fn look_up(&self, checked: &Checked) -> Option<Verdict> {
+        let state = match self.store.lookup(&checked.identity).await {
+            Ok(state) => state?,
+            Err(e) => {
+                return Some(Verdict::Unavailable {
+                    detail: format!("{e}"),
+                })
+            }
+        };
+        Some(if state.conflicts_with(&checked.fingerprint) {
+            self.count(Outcome::Conflict);
+            Verdict::Conflict
+        } else if let Some(r) = state.result {
+            self.count(Outcome::Duplicate);
+            Verdict::Stored {
+                result: stored(r),
+                replayed: true,
+            }
+        } else {
+            self.count(Outcome::InFlight);
+            Verdict::Accepted {
+                key: checked.identity.key.as_str().to_string(),
+                replayed: true,
+            }
+        })
+    }
+}
+
+fn stored(r: StoredResult) -> Stored {
+    Stored {
+        status: r.result_status,
+        body: Bytes::from(r.body),
+        content_type: r
+            .content_type
+            .unwrap_or_else(|| "application/octet-stream".into()),
+    }
+}
+
+fn invalid(reason: &InvalidReason) -> Verdict {
+    Verdict::Invalid {
+        detail: reason.to_string(),
+        too_large: matches!(reason, InvalidReason::TooLarge { .. }),
+    }
+}

@@ -1,0 +1,136 @@
+//! `POST /v1/<route>`: authenticate, read the body within its limit, find
+//! the key, check the identity rules — all before any claim — then run the
+//! handler (sync) or publish the command (async).
+
+use super::answer::{self, answer};
+use super::auth::Callers;
+use super::body::read_body;
+use super::engine::{Checked, Command, Gate, Verdict};
+use super::problem::Problem;
+use super::publish::PublishError;
+use super::route::Route;
+use super::signature::Webhook;
+use crate::identity::Tenant;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+pub struct Shared {
+    pub routes: HashMap<String, Route>,
+    pub callers: Callers,
+    pub gate: Gate,
+    pub in_flight: Arc<Semaphore>,
+    /// identity.max_body_bytes: the same limit on every transport.
+    pub body_limit: usize,
+    pub request_timeout: Duration,
+    /// Sync work outlives its request (a client that gives up does not stop
+    /// a payment half-way); shutdown waits for it.
+    pub tasks: TaskTracker,
+}
+
+pub async fn handle(State(s): State<Arc<Shared>>, name: String, request: Request) -> Response {
+    let Some(route) = s.routes.get(&name) else {
+        return answer::no_route(&format!("/v1/{name}"));
+    };
+    let Ok(_permit) = s.in_flight.clone().try_acquire_owned() else {
+        return answer::overloaded();
+    };
+    let deadline = Instant::now() + s.request_timeout;
+    let response = match accept(&s, route, request, deadline).await {
+        Ok(r) | Err(r) => r,
+    };
+    tracing::debug!(route = %route.name, status = response.status().as_u16(), "api request");
+    response
+}
+
+/// Who signs or authenticates a request: known from its headers, or only
+/// once the body is there to check the signature against.
+enum Sender<'a> {
+    Caller(Tenant),
+    Signed(&'a Webhook),
+}
+
+async fn accept(
+    s: &Shared,
+    route: &Route,
+    request: Request,
+    deadline: Instant,
+) -> Result<Response, Response> {
+    let received_at = Utc::now();
+    let (parts, body) = request.into_parts();
+    let sender = match &route.webhook {
+        Some(hook) => Sender::Signed(hook),
+        None => Sender::Caller(s.callers.tenant(&parts.headers).map_err(problem)?),
+    };
+    let read = read_body(&parts.headers, body, s.body_limit);
+    let body = match tokio::time::timeout_at(deadline, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            s.gate.count_invalid();
+            return Err(problem(e));
+        }
+        Err(_) => return Err(answer::body_timeout()),
+    };
+    let tenant = match sender {
+        Sender::Caller(tenant) => tenant,
+        Sender::Signed(hook) => hook.authenticate(&parts.headers, &body).map_err(problem)?,
+    };
+    let key = route.key.extract(&parts.headers, &body).map_err(|e| {
+        s.gate.count_invalid();
+        problem(e)
+    })?;
+    let content_type = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let command = Command {
+        route: route.name.clone(),
+        tenant,
+        key,
+        body,
+        content_type,
+        received_at,
+    };
+    let checked = s.gate.check(command).map_err(answer)?;
+    Ok(match &route.publish {
+        None => run(s, checked, deadline).await,
+        Some(destination) => {
+            if let Some(verdict) = s.gate.look_up(&checked).await {
+                return Ok(answer(verdict));
+            }
+            let message = checked.outgoing();
+            match tokio::time::timeout_at(deadline, destination.publish(&message)).await {
+                Ok(Ok(())) => answer(Verdict::Accepted {
+                    key: checked.identity().key.as_str().to_string(),
+                    replayed: false,
+                }),
+                Ok(Err(e)) => problem(e),
+                Err(_) => problem(PublishError::Timeout),
+            }
+        }
+    })
+}
+
+/// Sync routes: the engine decides in a task of its own, which finishes
+/// and stores the outcome even if this request times out or its client
+/// goes away.
+async fn run(s: &Shared, checked: Checked, deadline: Instant) -> Response {
+    let gate = s.gate.clone();
+    let work = s.tasks.spawn(async move { gate.decide(checked).await });
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(Ok(verdict)) => answer(verdict),
+        Ok(Err(e)) => answer::internal(format!("the request's task failed: {e}")),
+        Err(_) => answer::still_running(),
+    }
+}
+
+fn problem(e: impl Into<Problem>) -> Response {
+    e.into().into_response()
+}

@@ -1,0 +1,132 @@
+//! Async routes hand the command to a broker and answer 202 only once the
+//! broker confirmed it; the consumers of that topic or queue claim it like
+//! any other message.
+
+mod amqp;
+mod kafka;
+
+pub use amqp::AmqpPublisher;
+pub use kafka::KafkaPublisher;
+
+use super::answer::SOON;
+use super::engine::Outgoing;
+use super::problem::Problem;
+use crate::config::{PublishTarget, Settings};
+use axum::http::StatusCode;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("Kafka did not confirm the record on {topic}")]
+    Kafka {
+        topic: String,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("RabbitMQ could not be reached")]
+    AmqpConnect(#[source] lapin::Error),
+    #[error("connecting to RabbitMQ took longer than amqp.connect_timeout")]
+    AmqpConnectTimeout,
+    #[error("the RabbitMQ channel failed")]
+    AmqpChannel(#[source] lapin::Error),
+    #[error("the broker did not confirm the command within api.request_timeout")]
+    Timeout,
+    #[error(
+        "RabbitMQ did not take the message for exchange '{exchange}' key '{routing_key}': {why}"
+    )]
+    AmqpUnconfirmed {
+        exchange: String,
+        routing_key: String,
+        why: String,
+    },
+}
+
+impl From<PublishError> for Problem {
+    fn from(e: PublishError) -> Self {
+        let mut detail = e.to_string();
+        if let Some(cause) = std::error::Error::source(&e) {
+            detail = format!("{detail}: {cause}");
+        }
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "broker-unavailable",
+            "The command could not be handed to the broker; nothing is accepted",
+            format!("{detail}; retry with the same key"),
+        )
+        .retry_after(SOON)
+    }
+}
+
+/// The broker clients of the configured async routes, shared by routes.
+#[derive(Default)]
+pub struct Publishers {
+    kafka: Option<Arc<KafkaPublisher>>,
+    amqp: Option<Arc<AmqpPublisher>>,
+}
+
+/// Where one async route publishes.
+#[derive(Clone)]
+pub enum Destination {
+    Kafka {
+        publisher: Arc<KafkaPublisher>,
+        topic: String,
+    },
+    Amqp {
+        publisher: Arc<AmqpPublisher>,
+        exchange: String,
+        routing_key: String,
+    },
+}
+
+impl Publishers {
+    /// Clients only for the brokers some route publishes to.
+    pub fn new(s: &Settings) -> Result<Self, rdkafka::error::KafkaError> {
+        let targets: Vec<&PublishTarget> = s
+            .api
+            .routes
+            .iter()
+            .filter_map(|r| r.publish.as_ref())
+            .collect();
+        let kafka = targets
+            .iter()
+            .any(|t| matches!(t, PublishTarget::Kafka { .. }))
+            .then(|| KafkaPublisher::new(&s.kafka).map(Arc::new))
+            .transpose()?;
+        let amqp = targets
+            .iter()
+            .any(|t| matches!(t, PublishTarget::Amqp { .. }))
+            .then(|| Arc::new(AmqpPublisher::new(&s.amqp)));
+        Ok(Self { kafka, amqp })
+    }
+
+    pub fn destination(&self, target: &PublishTarget) -> Option<Destination> {
+        Some(match target {
+            PublishTarget::Kafka { topic } => Destination::Kafka {
+                publisher: self.kafka.clone()?,
+                topic: topic.clone(),
+            },
+            PublishTarget::Amqp {
+                exchange,
+                routing_key,
+            } => Destination::Amqp {
+                publisher: self.amqp.clone()?,
+                exchange: exchange.clone(),
+                routing_key: routing_key.clone(),
+            },
+        })
+    }
+}
+
+impl Destination {
+    /// Returns once the broker confirmed the message.
+    pub async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+        match self {
+            Destination::Kafka { publisher, topic } => publisher.send(topic, message).await,
+            Destination::Amqp {
+                publisher,
+                exchange,
+                routing_key,
+            } => publisher.send(exchange, routing_key, message).await,
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! A configured route, resolved at start-up: where its key comes from,
+//! who may call it, and whether it runs the handler or publishes.
+
+use super::key::KeySource;
+use super::publish::{Destination, Publishers};
+use super::signature::Webhook;
+use crate::config::{ConfigError, RouteSettings, WebhookKind};
+use axum::http::HeaderName;
+use std::sync::Arc;
+
+pub struct Route {
+    pub name: Arc<str>,
+    pub key: KeySource,
+    /// Webhook routes: the signature authenticates the sender. Others: the
+    /// caller's API key or gateway header.
+    pub webhook: Option<Webhook>,
+    /// Async routes: where the command is published. None: sync.
+    pub publish: Option<Destination>,
+}
+
+impl Route {
+    pub fn build(
+        i: usize,
+        r: &RouteSettings,
+        publishers: &Publishers,
+    ) -> Result<Self, ConfigError> {
+        let webhook = r
+            .webhook
+            .map(|kind| Webhook::load(i, kind, r))
+            .transpose()?;
+        let publish = match &r.publish {
+            None => None,
+            Some(target) => Some(publishers.destination(target).ok_or_else(|| {
+                ConfigError::new(
+                    &format!("api.routes[{i}].publish"),
+                    "no client for this broker was built",
+                    "check the [kafka] or [amqp] section",
+                )
+            })?),
+        };
+        Ok(Self {
+            name: r.name.as_str().into(),
+            key: key_source(r),
+            webhook,
+            publish,
+        })
+    }
+}
+
+/// The route's own settings win; otherwise the webhook preset's event id,
+/// or `Idempotency-Key` (with `key_pointer` as a fallback).
+fn key_source(r: &RouteSettings) -> KeySource {
+    let header = |name: &str| HeaderName::from_bytes(name.as_bytes()).ok();
+    let pointer = r.key_pointer.clone();
+    match (r.webhook, &r.key_header) {
+        (_, Some(h)) => KeySource {
+            header: header(h),
+            pointer,
+        },
+        (Some(_), None) if pointer.is_some() => KeySource {
+            header: None,
+            pointer,
+        },
+        (Some(WebhookKind::Stripe), None) => KeySource {
+            header: None,
+            pointer: Some("/id".into()),
+        },
+        (Some(WebhookKind::Github), None) => KeySource {
+            header: header("x-github-delivery"),
+            pointer: None,
+        },
+        (Some(WebhookKind::Shopify), None) => KeySource {
+            header: header("x-shopify-webhook-id"),
+            pointer: None,
+        },
+        (None | Some(WebhookKind::Hmac), None) => KeySource {
+            header: header("idempotency-key"),
+            pointer,
+        },
+    }
+}

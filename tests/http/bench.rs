@@ -1,0 +1,43 @@
+//! The benchmark's HTTP rows, tiny, through the real binary: they must keep
+//! producing sane numbers, so the bench cannot rot.
+
+use dedupq::bench::{run_case, Case, Env, Kind};
+use std::path::PathBuf;
+
+fn env() -> Env {
+    Env {
+        database_url: crate::support::database_url(),
+        brokers: crate::support::kafka::brokers(),
+        amqp_url: crate::support::amqp::amqp_url(),
+        workdir: std::env::temp_dir(),
+        exe: PathBuf::from(env!("CARGO_BIN_EXE_dedupq")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_rows_report_requests_per_second_and_latencies_with_and_without_dedupq() {
+    for kind in [Kind::HttpSync, Kind::HttpDirect] {
+        let case = Case {
+            label: format!("f {kind:?} tiny"),
+            kind,
+            partitions: 20,
+            messages: 400,
+            duplicates: false,
+            schema: None,
+            latency_secs: 0.0,
+            buffered_per_partition: None,
+        };
+        let row = run_case(&case, &env()).await;
+        assert!(row.error.is_none(), "{kind:?}: {:?}", row.error);
+        let t = row.throughput.as_ref().expect("throughput measured");
+        assert_eq!(t.messages, 400);
+        assert!(t.rate() > 10.0, "{kind:?}: {t:?}");
+        assert!(
+            t.notes.iter().any(|n| n.contains("handler calls 420;")),
+            "every request and warm-up ran the handler once: {t:?}"
+        );
+        let (p50, p99, samples) = t.latency.expect("latency samples");
+        assert_eq!(samples, 400);
+        assert!(0.0 < p50 && p50 <= p99, "{t:?}");
+    }
+}

@@ -1,0 +1,18 @@
+//! The HTTP API against the real server: PostgreSQL, Kafka, RabbitMQ and
+//! the provider simulator. Every test has its own schema, port, topic and
+//! queue names.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod harness;
+
+mod async_routes;
+mod bench;
+mod config;
+mod crash;
+mod cross_transport;
+mod requests;
+mod seed;
+mod shutdown;
+mod webhooks;

@@ -1,0 +1,222 @@
+//! Webhook routes: the key is the sender's event id, the signature is
+//! checked before anything is claimed.
+
+use crate::harness::{client, secret_file, App, Reply};
+use crate::support::count_rows;
+use crate::support::process::Provider;
+use dedupq::config::RouteSettings;
+use dedupq::provider::Knobs;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const STRIPE_SECRET: &str = "whsec_test_5f3c2a1b";
+const GITHUB_SECRET: &str = "gh-hook-secret";
+const GENERIC_SECRET: &str = "generic-hook-secret";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn mac(secret: &str, parts: &[&[u8]]) -> String {
+    let mut m = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    for p in parts {
+        m.update(p);
+    }
+    hex(&m.finalize().into_bytes())
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `t=<t>,v1=<HMAC of "<t>.<body>">`, as Stripe signs.
+fn stripe_signature(t: u64, body: &str) -> String {
+    let t = t.to_string();
+    format!(
+        "t={t},v1={}",
+        mac(STRIPE_SECRET, &[t.as_bytes(), b".", body.as_bytes()])
+    )
+}
+
+fn routes(dir: &Path) -> Vec<RouteSettings> {
+    let text = format!(
+        r#"
+[[routes]]
+name = "stripe"
+webhook = "stripe"
+secret_file = "{stripe}"
+tenant = "acme"
+
+[[routes]]
+name = "github"
+webhook = "github"
+secret_file = "{github}"
+tenant = "acme"
+
+[[routes]]
+name = "events"
+webhook = "hmac"
+signature_header = "X-Signature"
+key_header = "X-Event-Id"
+secret_file = "{generic}"
+tenant = "acme"
+"#,
+        stripe = secret_file(dir, "stripe.secret", STRIPE_SECRET).display(),
+        github = secret_file(dir, "github.secret", GITHUB_SECRET).display(),
+        generic = secret_file(dir, "generic.secret", GENERIC_SECRET).display(),
+    );
+    #[derive(serde::Deserialize)]
+    struct Routes {
+        routes: Vec<RouteSettings>,
+    }
+    toml::from_str::<Routes>(&text)
+        .expect("webhook routes")
+        .routes
+}
+
+async fn start(provider: &Provider) -> App {
+    App::with(provider, |s, dir| {
+        // Webhook routes only: no API keys needed.
+        s.api.keys_file = None;
+        s.api.routes = routes(dir);
+    })
+    .await
+}
+
+async fn deliver(app: &App, route: &str, headers: &[(&str, String)], body: &str) -> Reply {
+    let mut request = client().post(app.url(route)).body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    Reply::from(request.send().await.expect("delivery")).await
+}
+
+const EVENT: &str =
+    r#"{"id":"evt_1NZ","type":"payment_intent.succeeded","amount":100,"currency":"eur"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signed_stripe_event_delivered_three_times_two_at_once_is_processed_once() {
+    // Charges every call: a second execution would show as a second charge.
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_millis(800),
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let app = start(&provider).await;
+    let signed = || vec![("Stripe-Signature", stripe_signature(now(), EVENT))];
+
+    let (one, two) = (signed(), signed());
+    let (a, b) = tokio::join!(
+        deliver(&app, "stripe", &one, EVENT),
+        deliver(&app, "stripe", &two, EVENT)
+    );
+    let mut statuses = [a.status, b.status];
+    statuses.sort();
+    assert_eq!(statuses, [201, 409], "{a:?}\n{b:?}");
+    let third = deliver(&app, "stripe", &signed(), EVENT).await;
+    assert_eq!((third.status, third.replayed()), (201, true), "{third:?}");
+
+    assert_eq!(provider.stats().await.charges, 1, "processed once");
+    let charges = provider.charges_for("acme:evt_1NZ").await;
+    assert_eq!(
+        charges.len(),
+        1,
+        "keyed by the event id under the route's tenant"
+    );
+    assert_eq!(app.decided("http", "processed"), 1);
+    assert_eq!(app.decided("http", "duplicate"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tampered_body_or_an_expired_timestamp_answers_401_and_leaves_no_key() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = start(&provider).await;
+
+    let tampered = EVENT.replace("100", "10000");
+    let signed_original = vec![("Stripe-Signature", stripe_signature(now(), EVENT))];
+    let r = deliver(&app, "stripe", &signed_original, &tampered).await;
+    assert_eq!(r.problem(401), "urn:dedupq:problem:bad-signature");
+
+    let ten_minutes_ago = vec![("Stripe-Signature", stripe_signature(now() - 600, EVENT))];
+    let r = deliver(&app, "stripe", &ten_minutes_ago, EVENT).await;
+    assert_eq!(r.problem(401), "urn:dedupq:problem:bad-signature");
+    assert!(
+        r.json()["detail"].as_str().unwrap().contains("timestamp"),
+        "{r:?}"
+    );
+
+    let r = deliver(&app, "stripe", &[], EVENT).await;
+    assert_eq!(r.problem(401), "urn:dedupq:problem:bad-signature");
+
+    assert_eq!(count_rows(&app.store).await, 0, "nothing claimed");
+    assert_eq!(provider.stats().await.charges, 0);
+
+    // The same event, correctly signed, goes through.
+    let r = deliver(&app, "stripe", &signed_original, EVENT).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(count_rows(&app.store).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_id() {
+    let provider = Provider::start(Knobs {
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let app = start(&provider).await;
+    let push = r#"{"ref":"refs/heads/main","amount":1}"#;
+    let github = |secret: &str| {
+        vec![
+            (
+                "X-GitHub-Delivery",
+                "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
+            ),
+            (
+                "X-Hub-Signature-256",
+                format!("sha256={}", mac(secret, &[push.as_bytes()])),
+            ),
+        ]
+    };
+    assert_eq!(
+        deliver(&app, "github", &github("wrong"), push)
+            .await
+            .problem(401),
+        "urn:dedupq:problem:bad-signature"
+    );
+    let first = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
+    let redelivered = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    assert_eq!((redelivered.status, redelivered.replayed()), (201, true));
+    assert_eq!(
+        provider
+            .charges_for("acme:72d3162e-cc78-11e3-81ab-4c9367dc0958")
+            .await
+            .len(),
+        1
+    );
+
+    let event = r#"{"kind":"invoice.paid","amount":7}"#;
+    let generic = vec![
+        ("X-Event-Id", "inv-7".to_string()),
+        (
+            "X-Signature",
+            format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
+        ),
+    ];
+    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
+    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
+    assert_eq!(provider.charges_for("acme:inv-7").await.len(), 1);
+    let unsigned = vec![("X-Event-Id", "inv-8".to_string())];
+    assert_eq!(
+        deliver(&app, "events", &unsigned, event).await.problem(401),
+        "urn:dedupq:problem:bad-signature"
+    );
+    assert_eq!(app.status("acme", "inv-8").await, None);
+}
