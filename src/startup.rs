@@ -13,21 +13,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 pub struct Application {
     settings: Settings,
     engine: Engine,
     health: Health,
-    listener: TcpListener,
+    addr: SocketAddr,
+    server: JoinHandle<std::io::Result<()>>,
     shutdown: CancellationToken,
 }
 
 impl Application {
-    /// Binds the operator endpoint, prepares the store (waiting for
-    /// PostgreSQL if it is not up yet) and the engine with the configured
-    /// handler.
+    /// Serves the operator endpoints at once (so probes answer while
+    /// PostgreSQL is still unreachable), then prepares the store as
+    /// `store.migrate` says, waiting for PostgreSQL, and the engine with
+    /// the configured handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let handler = handler::from_settings(&settings.handler)?;
         Self::build_with_handler(settings, handler).await
@@ -41,32 +43,45 @@ impl Application {
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
-        let store = Store::connect_lazy(&settings.store)?;
+        let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
-        migrate_when_reachable(&store, settings.store.schema.as_deref(), &shutdown).await?;
-        let health = Health::default();
+        let (metrics, health) = (Metrics::new(), Health::default());
+        health.set_down(Component::Store, "starting: not connected yet");
+        let server = tokio::spawn(server::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
+        let store = match prepare_store(&settings, &health, &shutdown).await {
+            Ok(store) => store,
+            Err(e) => {
+                // Stops the endpoint of a library caller that goes on.
+                shutdown.cancel();
+                return Err(e);
+            }
+        };
         health.set(Component::Store, true);
         let engine = Engine::new(
             store,
             handler,
             Parser::new(&settings.identity),
             EngineOptions::from_settings(&settings),
-            Metrics::new(),
+            metrics,
             shutdown.clone(),
         );
         Ok(Self {
             settings,
             engine,
             health,
-            listener,
+            addr,
+            server,
             shutdown,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.addr
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -84,20 +99,19 @@ impl Application {
             settings,
             engine,
             health,
-            listener,
+            server,
             shutdown,
+            ..
         } = self;
         let metrics = engine.metrics().clone();
         let mut tasks = JoinSet::new();
         tasks.spawn(watch_signals(shutdown.clone()));
-        {
-            let (m, h, s) = (metrics.clone(), health.clone(), shutdown.clone());
-            tasks.spawn(async move {
-                server::serve(listener, m, h, s)
-                    .await
-                    .context("http server")
-            });
-        }
+        tasks.spawn(async move {
+            server
+                .await
+                .context("http server task")?
+                .context("http server")
+        });
         {
             let (store, r, m, h, s) = (
                 engine.store().clone(),
@@ -141,6 +155,7 @@ impl Application {
             kafka_topics = ?settings.kafka.topics,
             amqp_queues = ?settings.amqp.queues,
             store = %settings.store.url,
+            schema = settings.store.schema.as_deref().unwrap_or("(search_path)"),
             "dedupq running"
         );
         // The first task to fail stops the others.
@@ -159,28 +174,48 @@ impl Application {
     }
 }
 
-/// Applies migrations, retrying while PostgreSQL is unreachable so that
-/// dedupq can start before its database.
-async fn migrate_when_reachable(
-    store: &Store,
-    schema: Option<&str>,
+/// Connects and migrates (or checks) the key table's schema, retrying
+/// while PostgreSQL is unreachable so that dedupq can start before its
+/// database; /readyz says why it is not ready meanwhile.
+async fn prepare_store(
+    settings: &Settings,
+    health: &Health,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Store> {
+    let store = Store::connect_lazy(&settings.store)?;
+    let (schema, mode) = (settings.store.schema.as_deref(), settings.store.migrate);
     let mut delay = Duration::from_millis(200);
     loop {
-        match store.migrate(schema).await {
-            Ok(()) => return Ok(()),
+        match store.prepare(schema, mode).await {
+            Ok(()) => return Ok(store),
             Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+                let cause = error_chain(&e);
+                tracing::warn!(error = %cause, "PostgreSQL not reachable yet; retrying");
+                health.set_down(Component::Store, format!("unreachable: {cause}"));
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return Err(e.into()),
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(e) => return Err(e).context("applying migrations"),
+            Err(e) => {
+                health.set_down(Component::Store, error_chain(&e));
+                return Err(e).context(format!("store.migrate = \"{}\"", mode.as_str()));
+            }
         }
     }
+}
+
+/// `outer: cause: cause`, for a one-line reason.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {

@@ -7,12 +7,14 @@ mod connect;
 mod error;
 mod finish;
 mod maintenance;
+mod schema;
 mod transactional;
 
 pub use admin::{KeyFilter, KeyRow};
 pub use claim::{ClaimRequest, ClaimResult, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
+pub use schema::Pending;
 pub use finish::{Finish, FinishWrite};
 pub use transactional::TxClaim;
 
