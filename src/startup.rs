@@ -189,7 +189,10 @@ async fn prepare_store(
         match store.prepare(schema, mode).await {
             Ok(()) => return Ok(store),
             Err(e) if e.is_transient() => {
-                let cause = error_chain(&e);
+                let cause = match store.connect_error().await {
+                    Some(connect) => error_chain(&connect),
+                    None => error_chain(&e),
+                };
                 tracing::warn!(error = %cause, "PostgreSQL not reachable yet; retrying");
                 health.set_down(Component::Store, format!("unreachable: {cause}"));
                 tokio::select! {

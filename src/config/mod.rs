@@ -266,21 +266,18 @@ impl Settings {
         let env = Env::prefixed("DEDUPQ__")
             .filter(|k| !sources::is_client_variable(k.as_str()))
             .split("__");
-        let mut settings: Settings = figment
-            .merge(env)
-            .extract()
-            .map_err(|e| {
-                let setting = e.path.join(".");
-                ConfigError::new(
-                    if setting.is_empty() {
-                        "<root>"
-                    } else {
-                        &setting
-                    },
-                    e.kind.to_string(),
-                    "see the configuration reference in README.md",
-                )
-            })?;
+        let mut settings: Settings = figment.merge(env).extract().map_err(|e| {
+            let setting = e.path.join(".");
+            ConfigError::new(
+                if setting.is_empty() {
+                    "<root>"
+                } else {
+                    &setting
+                },
+                e.kind.to_string(),
+                "see the configuration reference in README.md",
+            )
+        })?;
         sources::resolve(&mut settings, std::env::vars())?;
         settings.validate()?;
         Ok(settings)

@@ -52,7 +52,10 @@ pub fn redact_url(url: &str) -> String {
             .query_pairs()
             .map(|(k, v)| {
                 let hidden = is_secret_name(&k);
-                (k.into_owned(), if hidden { HIDDEN.into() } else { v.into() })
+                (
+                    k.into_owned(),
+                    if hidden { HIDDEN.into() } else { v.into() },
+                )
             })
             .collect();
         parsed.query_pairs_mut().clear().extend_pairs(pairs);

@@ -51,6 +51,23 @@ impl Store {
         &self.pool
     }
 
+    /// Why a new connection fails right now (None: it succeeds). The pool
+    /// only reports that it timed out; this says what an operator can fix
+    /// (refused, unknown host, TLS, authentication).
+    pub async fn connect_error(&self) -> Option<sqlx::Error> {
+        use sqlx::{ConnectOptions, Connection};
+        let options = self.pool.connect_options();
+        let attempt = options.connect();
+        match tokio::time::timeout(self.pool.options().get_acquire_timeout(), attempt).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                None
+            }
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(sqlx::Error::PoolTimedOut),
+        }
+    }
+
     /// One trivial query: is PostgreSQL reachable right now?
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;

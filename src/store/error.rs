@@ -20,7 +20,9 @@ pub enum StoreError {
          with the schema owner's role first (store.migrate = \"check\" never changes the schema)",
         super::schema::list(pending)
     )]
-    Behind { pending: Vec<super::schema::Pending> },
+    Behind {
+        pending: Vec<super::schema::Pending>,
+    },
     #[error(
         "migrations are pending ({}) and this database role may not apply them. Run `dedupq \
          migrate` with the schema owner's role, and start with store.migrate = \"check\"",

@@ -14,8 +14,8 @@ pub use admin::{KeyFilter, KeyRow};
 pub use claim::{ClaimRequest, ClaimResult, StoredResult};
 pub use connect::Store;
 pub use error::StoreError;
-pub use schema::Pending;
 pub use finish::{Finish, FinishWrite};
+pub use schema::Pending;
 pub use transactional::TxClaim;
 
 use serde::Serialize;

@@ -72,7 +72,10 @@ impl Store {
     }
 
     /// Migrations of this build that the database has not applied.
-    pub async fn pending_migrations(&self, schema: Option<&str>) -> Result<Vec<Pending>, StoreError> {
+    pub async fn pending_migrations(
+        &self,
+        schema: Option<&str>,
+    ) -> Result<Vec<Pending>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         pending_on(&mut conn, schema).await
     }
@@ -100,7 +103,8 @@ async fn migrate_locked(conn: &mut PgConnection, schema: Option<&str>) -> Result
 
 /// A permission error while applying pending migrations says what to do.
 fn needs_owner(e: sqlx::Error, pending: &[Pending]) -> StoreError {
-    let denied = matches!(&e, sqlx::Error::Database(db) if db.code().as_deref() == Some(PERMISSION_DENIED));
+    let denied =
+        matches!(&e, sqlx::Error::Database(db) if db.code().as_deref() == Some(PERMISSION_DENIED));
     if denied {
         StoreError::NeedsOwner {
             pending: pending.to_vec(),
@@ -127,7 +131,10 @@ async fn release(mut conn: PoolConnection<Postgres>, ok: bool) {
     let _ = conn.close().await;
 }
 
-async fn pending_on(conn: &mut PgConnection, schema: Option<&str>) -> Result<Vec<Pending>, StoreError> {
+async fn pending_on(
+    conn: &mut PgConnection,
+    schema: Option<&str>,
+) -> Result<Vec<Pending>, StoreError> {
     let table = match schema {
         Some(schema) => format!("\"{schema}\"._sqlx_migrations"),
         None => "_sqlx_migrations".to_string(),
@@ -143,21 +150,24 @@ async fn pending_on(conn: &mut PgConnection, schema: Option<&str>) -> Result<Vec
         }
         None => Vec::new(),
     };
-    let applied: HashMap<i64, (bool, Vec<u8>)> =
-        applied.into_iter().map(|(v, ok, sum)| (v, (ok, sum))).collect();
+    let applied: HashMap<i64, (bool, Vec<u8>)> = applied
+        .into_iter()
+        .map(|(v, ok, sum)| (v, (ok, sum)))
+        .collect();
     let mut pending = Vec::new();
-    for m in MIGRATOR.iter().filter(|m| !m.migration_type.is_down_migration()) {
+    for m in MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+    {
         match applied.get(&m.version) {
             None => pending.push(Pending {
                 version: m.version,
                 description: m.description.to_string(),
             }),
-            Some((false, _)) => {
-                return Err(StoreError::MigrationState(format!(
-                    "migration {} failed part-way earlier; repair it and delete its row from {table}",
-                    m.version
-                )))
-            }
+            Some((false, _)) => return Err(StoreError::MigrationState(format!(
+                "migration {} failed part-way earlier; repair it and delete its row from {table}",
+                m.version
+            ))),
             Some((true, sum)) if sum.as_slice() != m.checksum.as_ref() => {
                 return Err(StoreError::MigrationState(format!(
                     "migration {} in the database differs from the one this build carries",
