@@ -164,10 +164,12 @@ async fn pending_on(
                 version: m.version,
                 description: m.description.to_string(),
             }),
-            Some((false, _)) => return Err(StoreError::MigrationState(format!(
+            Some((false, _)) => {
+                return Err(StoreError::MigrationState(format!(
                 "migration {} failed part-way earlier; repair it and delete its row from {table}",
                 m.version
-            ))),
+            )))
+            }
             Some((true, sum)) if sum.as_slice() != m.checksum.as_ref() => {
                 return Err(StoreError::MigrationState(format!(
                     "migration {} in the database differs from the one this build carries",
