@@ -10,22 +10,24 @@ use dedupq::provider::Knobs;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
 use std::time::Duration;
 
-fn tls_settings(ca: String) -> AmqpSettings {
-    AmqpSettings {
+/// `dedupq run` consuming fresh queues over amqps, trusting `ca`.
+async fn launch(ca: String) -> (Provider, AmqpSettings, Dedupq) {
+    let provider = Provider::start(Knobs::default()).await;
+    let (_, store) = support::isolated_store().await;
+    let settings = AmqpSettings {
         url: SecretUrl::new(endpoints().get("AMQPS_URL")),
         tls_ca_file: Some(ca.into()),
         ..amqp::settings(QueueType::Quorum)
-    }
+    };
+    let mut config = base_config(&store, &provider);
+    config.insert("amqp".into(), amqp::config_section(&settings));
+    let dedupq = Dedupq::launch(&config, &[]);
+    (provider, settings, dedupq)
 }
 
 #[tokio::test]
 async fn dedupq_consumes_acks_and_replies_over_amqps_with_the_private_ca() {
-    let provider = Provider::start(Knobs::default()).await;
-    let (_, store) = support::isolated_store().await;
-    let settings = tls_settings(endpoints().ca());
-    let mut config = base_config(&store, &provider);
-    config.insert("amqp".into(), amqp::config_section(&settings));
-    let mut dedupq = Dedupq::launch(&config, &[]);
+    let (provider, settings, mut dedupq) = launch(endpoints().ca()).await;
     dedupq
         .wait_ready(Duration::from_secs(60))
         .await
@@ -56,12 +58,7 @@ async fn dedupq_consumes_acks_and_replies_over_amqps_with_the_private_ca() {
 
 #[tokio::test]
 async fn a_broker_certificate_from_another_ca_keeps_dedupq_unready() {
-    let provider = Provider::start(Knobs::default()).await;
-    let (_, store) = support::isolated_store().await;
-    let settings = tls_settings(endpoints().other_ca());
-    let mut config = base_config(&store, &provider);
-    config.insert("amqp".into(), amqp::config_section(&settings));
-    let mut dedupq = Dedupq::launch(&config, &[]);
+    let (_provider, _, mut dedupq) = launch(endpoints().other_ca()).await;
 
     let url = format!("http://{}/readyz", dedupq.http);
     let log = support::eventually(Duration::from_secs(30), "a refused TLS handshake", || {

@@ -4,14 +4,13 @@
 
 use crate::endpoints::{endpoints, Endpoints};
 use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{self, unique};
+use crate::support::{self, kafka, unique};
 use dedupq::provider::Knobs;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 
 /// Creates `name` over SASL_SSL; `zstd` makes the broker store it zstd
@@ -65,36 +64,7 @@ async fn read(ep: &Endpoints, topic: &str, count: usize) -> Vec<OwnedMessage> {
         .set("enable.auto.commit", "false")
         .create()
         .expect("reader over SASL_SSL");
-    let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, 0, Offset::Beginning)
-            .expect("offset");
-        consumer.assign(&tpl).expect("assign");
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let mut out = Vec::new();
-        while out.len() < count {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "read {} of {count} records from {topic}",
-                out.len()
-            );
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-                out.push(m.detach());
-            }
-        }
-        out
-    })
-    .await
-    .expect("reader thread")
-}
-
-fn header(m: &OwnedMessage, name: &str) -> String {
-    use rdkafka::message::Headers;
-    m.headers()
-        .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default()
+    kafka::read_with(consumer, topic, 1, count, Duration::from_secs(60)).await
 }
 
 #[tokio::test]
@@ -136,47 +106,27 @@ session_timeout = "6s"
         .expect("dedupq ready over SASL_SSL");
 
     // One payment sent twice (zstd, then lz4), one more (snappy), and one
-    // without a key: every codec librdkafka was built with.
-    produce(
-        &producer(&ep, "zstd"),
-        &topic,
-        "acme",
-        Some("pay-1"),
-        r#"{"amount":100}"#,
-    )
-    .await;
-    produce(
-        &producer(&ep, "lz4"),
-        &topic,
-        "acme",
-        Some("pay-1"),
-        r#"{"amount":100}"#,
-    )
-    .await;
-    produce(
-        &producer(&ep, "snappy"),
-        &topic,
-        "acme",
-        Some("pay-2"),
-        r#"{"amount":7}"#,
-    )
-    .await;
-    produce(
-        &producer(&ep, "gzip"),
-        &topic,
-        "acme",
-        None,
-        r#"{"amount":1}"#,
-    )
-    .await;
+    // without a key (gzip): every codec librdkafka was built with.
+    let sends = [
+        ("zstd", Some("pay-1"), r#"{"amount":100}"#),
+        ("lz4", Some("pay-1"), r#"{"amount":100}"#),
+        ("snappy", Some("pay-2"), r#"{"amount":7}"#),
+        ("gzip", None, r#"{"amount":1}"#),
+    ];
+    for (codec, key, body) in sends {
+        produce(&producer(&ep, codec), &topic, "acme", key, body).await;
+    }
 
     let got = read(&ep, &replies, 3).await;
-    let mut outcomes: Vec<String> = got.iter().map(|m| header(m, "dedupq-outcome")).collect();
+    let mut outcomes: Vec<String> = got
+        .iter()
+        .map(|m| kafka::header_str(m, "dedupq-outcome"))
+        .collect();
     outcomes.sort();
     assert_eq!(outcomes, ["duplicate", "processed", "processed"]);
     let dead = read(&ep, &dlq, 1).await;
     assert_eq!(dead[0].payload(), Some(&br#"{"amount":1}"#[..]));
-    assert!(!header(&dead[0], "dedupq-reason").is_empty());
+    assert!(!kafka::header_str(&dead[0], "dedupq-reason").is_empty());
     assert_eq!(provider.charges_for("acme:pay-1").await.len(), 1);
     assert_eq!(provider.charges_for("acme:pay-2").await.len(), 1);
 

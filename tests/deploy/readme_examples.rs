@@ -2,6 +2,7 @@
 //! they parse, and they name the local TLS endpoints and files.
 
 use crate::endpoints::endpoints;
+use crate::support::fenced_blocks;
 use dedupq::config::Settings;
 
 fn production_section() -> String {
@@ -15,19 +16,11 @@ fn production_section() -> String {
     rest[..end].to_string()
 }
 
-fn blocks(text: &str, lang: &str) -> Vec<String> {
-    let fence = format!("```{lang}\n");
-    text.split(&fence)
-        .skip(1)
-        .map(|rest| rest.split("```").next().unwrap_or("").to_string())
-        .collect()
-}
-
 #[test]
 fn the_production_examples_parse_and_use_the_endpoints_the_tests_use() {
     let ep = endpoints();
     let section = production_section();
-    let examples: Vec<Settings> = blocks(&section, "toml")
+    let examples: Vec<Settings> = fenced_blocks(&section, "toml")
         .iter()
         .map(|b| toml::from_str(b).unwrap_or_else(|e| panic!("{e}\n{b}")))
         .collect();

@@ -109,7 +109,10 @@ fn dedupq_config_hides_every_secret_from_files_the_environment_and_urls() {
     let mut all = SECRETS.to_vec();
     all.push(OAUTH_SECRET);
     assert_eq!(leaked(&text, &all), Vec::<&str>::new(), "{text}");
-    assert!(!text.contains("sasl_username"), "variables map to dotted names");
+    assert!(
+        !text.contains("sasl_username"),
+        "variables map to dotted names"
+    );
     // Resolved (from files and variables) and then hidden, not dropped.
     for shown in [
         r#""sasl.password" = "***""#,
