@@ -35,7 +35,9 @@ impl Application {
         Self::build_with_handler(settings, handler).await
     }
 
-    /// The same, with a handler of the caller's (library use).
+    /// The same, with a handler of the caller's (library use). The
+    /// endpoint serves until `run_until_stopped` returns or the shutdown
+    /// token is cancelled, also if the application is dropped unstarted.
     pub async fn build_with_handler(
         settings: Settings,
         handler: Arc<dyn Handler>,
