@@ -1,20 +1,43 @@
-# dedupq: a multi-stage build. `docker compose up` (docker-compose.yml) uses it.
-FROM rust:1-bookworm AS builder
-# rdkafka builds librdkafka from source with CMake.
+# dedupq: a multi-stage build. docker-compose.yml and deploy/kubernetes/ use it.
+#
+#   docker build -t dedupq:0.1.0 .
+#   docker build --build-arg FEATURES=gssapi -t dedupq:0.1.0-gssapi .   # Kerberos for Kafka
+ARG RUST_VERSION=1.95.0
+ARG DEBIAN=bookworm
+
+FROM rust:${RUST_VERSION}-${DEBIAN} AS builder
+ARG FEATURES=""
+# librdkafka is built from source against the system OpenSSL (TLS, SASL
+# SCRAM); Kerberos (the gssapi feature) also needs the Cyrus SASL headers.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends cmake \
+    && apt-get install -y --no-install-recommends libssl-dev pkg-config libsasl2-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY . .
-RUN cargo build --release --bin dedupq \
+
+# Dependency layer: built from the manifests alone, so a change to dedupq's
+# own code does not rebuild librdkafka and the rest.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+    && echo 'fn main() {}' >src/main.rs \
+    && touch src/lib.rs \
+    && cargo build --release --locked --features "${FEATURES}" --bin dedupq \
+    && rm -rf src target/release/.fingerprint/dedupq-* target/release/deps/dedupq-* \
+        target/release/deps/libdedupq-*
+
+COPY src src
+COPY migrations migrations
+RUN cargo build --release --locked --features "${FEATURES}" --bin dedupq \
     && cp target/release/dedupq /usr/local/bin/dedupq
 
-FROM debian:bookworm-slim
+FROM debian:${DEBIAN}-slim
+# libssl3: librdkafka's TLS; libsasl2-2: Kerberos builds; ca-certificates:
+# public CAs for managed Kafka, RabbitMQ and PostgreSQL.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --no-create-home --shell /usr/sbin/nologin dedupq
+    && apt-get install -y --no-install-recommends ca-certificates libssl3 libsasl2-2 \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /usr/local/bin/dedupq /usr/local/bin/dedupq
-USER dedupq
+# A numeric user, so Kubernetes can check runAsNonRoot without a passwd file.
+USER 10001:10001
+EXPOSE 9464
 ENTRYPOINT ["dedupq"]
 CMD ["run"]

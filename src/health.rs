@@ -1,4 +1,5 @@
-//! What /readyz reports: is the store reachable, are the brokers connected.
+//! What /readyz reports: is the store reachable, are the brokers connected,
+//! and if not, why.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,48 +37,62 @@ impl Component {
 }
 
 /// Shared readiness flags. A component that is not configured stays off and
-/// does not count against readiness. A transport may also report stalled
-/// lanes (partitions or queues with waiting messages and no progress):
-/// that makes it not ready, with the lanes named.
+/// does not count against readiness. A component that is down may say why,
+/// and a transport may report stalled lanes (partitions or queues with
+/// waiting messages and no progress): that makes it not ready, with the
+/// lanes named.
 #[derive(Debug, Clone, Default)]
 pub struct Health(Arc<Inner>);
 
 #[derive(Debug, Default)]
 struct Inner {
-    flags: [AtomicU8; 4],
+    state: [AtomicU8; 4],
+    /// Why a component is down, when its owner said.
+    reasons: Mutex<[Option<String>; 4]>,
     stalled: Mutex<[Vec<String>; 4]>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Health {
     pub fn set(&self, c: Component, up: bool) {
-        self.0.flags[c as usize].store(if up { UP } else { DOWN }, Ordering::Relaxed);
+        self.0.state[c as usize].store(if up { UP } else { DOWN }, Ordering::Relaxed);
+        lock(&self.0.reasons)[c as usize] = None;
+    }
+
+    /// Down, with a reason /readyz shows (e.g. `unreachable: <cause>`).
+    pub fn set_down(&self, c: Component, reason: impl Into<String>) {
+        self.0.state[c as usize].store(DOWN, Ordering::Relaxed);
+        lock(&self.0.reasons)[c as usize] = Some(reason.into());
     }
 
     /// None: not configured; Some(up).
     pub fn get(&self, c: Component) -> Option<bool> {
-        match self.0.flags[c as usize].load(Ordering::Relaxed) {
+        match self.0.state[c as usize].load(Ordering::Relaxed) {
             OFF => None,
             v => Some(v == UP),
         }
     }
 
+    pub fn reason(&self, c: Component) -> Option<String> {
+        lock(&self.0.reasons)[c as usize].clone()
+    }
+
     /// Replaces the stalled lanes `c` reports (each a line saying which
     /// and why).
     pub fn set_stalled(&self, c: Component, lanes: Vec<String>) {
-        self.stalled_lock()[c as usize] = lanes;
+        lock(&self.0.stalled)[c as usize] = lanes;
     }
 
     pub fn stalled(&self, c: Component) -> Vec<String> {
-        self.stalled_lock()[c as usize].clone()
-    }
-
-    fn stalled_lock(&self) -> std::sync::MutexGuard<'_, [Vec<String>; 4]> {
-        self.0.stalled.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.0.stalled)[c as usize].clone()
     }
 
     pub fn ready(&self) -> bool {
         Component::ALL.iter().all(|c| self.get(*c) != Some(false))
             && self.get(Component::Store) == Some(true)
-            && self.stalled_lock().iter().all(Vec::is_empty)
+            && lock(&self.0.stalled).iter().all(Vec::is_empty)
     }
 }

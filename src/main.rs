@@ -40,15 +40,24 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Demo(args) => run_scenario(args, "demo", &settings).await?,
         Command::Chaos(args) => run_scenario(args, "ci", &settings).await?,
         Command::Provider(args) => run_provider(args, &settings).await?,
-        Command::Migrate => {
-            let store = Store::connect_lazy(&settings.store)?;
-            store.migrate(settings.store.schema.as_deref()).await?;
-            println!("migrations applied");
-        }
+        Command::Migrate { check } => run_migrate(check, &settings).await?,
         Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
         Command::Dlq { command } => run_dlq(&settings, command, &mut std::io::stdout()).await?,
         Command::Bench(args) => run_bench(args, &settings).await?,
+    }
+    Ok(())
+}
+
+async fn run_migrate(check: bool, settings: &Settings) -> anyhow::Result<()> {
+    let store = Store::connect_lazy(&settings.store)?;
+    let schema = settings.store.schema.as_deref();
+    if check {
+        store.check_migrated(schema).await?;
+        println!("schema up to date");
+    } else {
+        store.migrate(schema).await?;
+        println!("migrations applied");
     }
     Ok(())
 }

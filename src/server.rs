@@ -53,7 +53,10 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             Some(true) => "up",
             Some(false) => "down",
         };
-        body.push_str(&format!("{} {status}\n", c.name()));
+        match state.health.reason(c) {
+            Some(reason) => body.push_str(&format!("{} {status}: {reason}\n", c.name())),
+            None => body.push_str(&format!("{} {status}\n", c.name())),
+        }
         for lane in state.health.stalled(c) {
             body.push_str(&format!("{} stalled: {lane}\n", c.name()));
         }

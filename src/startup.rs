@@ -9,13 +9,14 @@ use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
 use crate::store::Store;
+use crate::telemetry::chain;
 use crate::{maintenance, server, transport};
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 pub struct Application {
@@ -24,20 +25,24 @@ pub struct Application {
     metrics: Metrics,
     pipeline: Arc<dyn Pipeline>,
     health: Health,
-    listener: TcpListener,
+    addr: SocketAddr,
+    server: JoinHandle<std::io::Result<()>>,
     shutdown: CancellationToken,
 }
 
 impl Application {
-    /// Binds the operator endpoint, prepares the store (waiting for
-    /// PostgreSQL if it is not up yet) and the engine with the configured
-    /// handler.
+    /// Serves the operator endpoints at once (so probes answer while
+    /// PostgreSQL is still unreachable), then prepares the store as
+    /// `store.migrate` says, waiting for PostgreSQL, and the engine with
+    /// the configured handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let handler = handler::from_settings(&settings.handler)?;
         Self::build_with_handler(settings, handler).await
     }
 
-    /// The same, with a handler of the caller's (library use).
+    /// The same, with a handler of the caller's (library use). The
+    /// endpoint serves until `run_until_stopped` returns or the shutdown
+    /// token is cancelled, also if the application is dropped unstarted.
     pub async fn build_with_handler(
         settings: Settings,
         handler: Arc<dyn Handler>,
@@ -74,9 +79,7 @@ impl Application {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.addr
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -104,33 +107,40 @@ impl Application {
             metrics,
             pipeline,
             health,
-            listener,
+            server,
             shutdown,
+            ..
         } = self;
-        if !settings.kafka.topics.is_empty() {
-            crate::retention::check_kafka(&settings)
-                .await
-                .context("checking key retention against the Kafka topics")?;
-        }
         let mut tasks = JoinSet::new();
+        tasks.spawn(watch_signals(shutdown.clone()));
+        tasks.spawn(async move {
+            server
+                .await
+                .context("http server task")?
+                .context("http server")
+        });
+        if !settings.kafka.topics.is_empty() {
+            if let Err(e) = crate::retention::check_kafka(&settings).await {
+                shutdown.cancel();
+                return Err(e).context("checking key retention against the Kafka topics");
+            }
+        }
         if settings.api.enabled {
             let api = crate::api::Api::build(&settings, pipeline.clone(), store.clone())
                 .await
-                .context("starting the HTTP API")?;
+                .context("starting the HTTP API");
+            let api = match api {
+                Ok(api) => api,
+                Err(e) => {
+                    shutdown.cancel();
+                    return Err(e);
+                }
+            };
             tracing::info!(listen = %settings.api.listen, "HTTP API listening");
             let s = shutdown.clone();
             tasks.spawn(async move {
                 api.serve(s).await;
                 Ok(())
-            });
-        }
-        tasks.spawn(watch_signals(shutdown.clone()));
-        {
-            let (m, h, s) = (metrics.clone(), health.clone(), shutdown.clone());
-            tasks.spawn(async move {
-                server::serve(listener, m, h, s)
-                    .await
-                    .context("http server")
             });
         }
         {
@@ -176,6 +186,7 @@ impl Application {
             kafka_topics = ?settings.kafka.topics,
             amqp_queues = ?settings.amqp.queues,
             store = %settings.store.url,
+            schema = settings.store.schema.as_deref().unwrap_or("(search_path)"),
             "dedupq running"
         );
         // The first task to fail stops the others.
@@ -194,10 +205,12 @@ impl Application {
     }
 }
 
-/// What every kind of application shares: the operator listener, the
-/// store (migrated), health, metrics and the shutdown signal.
+/// What every kind of application shares: the operator endpoint (serving
+/// from the first moment), the store (prepared), health, metrics and the
+/// shutdown signal.
 struct Parts {
-    listener: TcpListener,
+    addr: SocketAddr,
+    server: JoinHandle<std::io::Result<()>>,
     store: Store,
     shutdown: CancellationToken,
     health: Health,
@@ -209,17 +222,32 @@ impl Parts {
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
-        let store = Store::connect_lazy(&settings.store)?;
+        let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
-        migrate_when_reachable(&store, settings.store.schema.as_deref(), &shutdown).await?;
-        let health = Health::default();
+        let (metrics, health) = (Metrics::new(), Health::default());
+        health.set_down(Component::Store, "starting: not connected yet");
+        let server = tokio::spawn(server::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ));
+        let store = match prepare_store(settings, &health, &shutdown).await {
+            Ok(store) => store,
+            Err(e) => {
+                // Stops the endpoint of a library caller that goes on.
+                shutdown.cancel();
+                return Err(e);
+            }
+        };
         health.set(Component::Store, true);
         Ok(Self {
-            listener,
+            addr,
+            server,
             store,
             shutdown,
             health,
-            metrics: Metrics::new(),
+            metrics,
         })
     }
 
@@ -230,32 +258,44 @@ impl Parts {
             metrics: self.metrics,
             pipeline,
             health: self.health,
-            listener: self.listener,
+            addr: self.addr,
+            server: self.server,
             shutdown: self.shutdown,
         }
     }
 }
 
-/// Applies migrations, retrying while PostgreSQL is unreachable so that
-/// dedupq can start before its database.
-async fn migrate_when_reachable(
-    store: &Store,
-    schema: Option<&str>,
+/// Connects and migrates (or checks) the key table's schema, retrying
+/// while PostgreSQL is unreachable so that dedupq can start before its
+/// database; /readyz says why it is not ready meanwhile.
+async fn prepare_store(
+    settings: &Settings,
+    health: &Health,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Store> {
+    let store = Store::connect_lazy(&settings.store)?;
+    let (schema, mode) = (settings.store.schema.as_deref(), settings.store.migrate);
     let mut delay = Duration::from_millis(200);
     loop {
-        match store.migrate(schema).await {
-            Ok(()) => return Ok(()),
+        match store.prepare(schema, mode).await {
+            Ok(()) => return Ok(store),
             Err(e) if e.is_transient() => {
-                tracing::warn!(error = %crate::telemetry::chain(&e), "PostgreSQL not reachable yet; retrying");
+                let cause = match store.connect_error().await {
+                    Some(connect) => chain(&connect).to_string(),
+                    None => chain(&e).to_string(),
+                };
+                tracing::warn!(error = %cause, "PostgreSQL not reachable yet; retrying");
+                health.set_down(Component::Store, format!("unreachable: {cause}"));
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return Err(e.into()),
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            Err(e) => return Err(e).context("applying migrations"),
+            Err(e) => {
+                health.set_down(Component::Store, chain(&e).to_string());
+                return Err(e).context(format!("store.migrate = \"{}\"", mode.as_str()));
+            }
         }
     }
 }

@@ -31,8 +31,13 @@ pub enum Command {
     /// The fault-injection run: kills, restarts, outages, a misbehaving
     /// provider; exits non-zero if any invariant breaks.
     Chaos(ScenarioArgs),
-    /// Apply the key-table migrations and exit.
-    Migrate,
+    /// Apply the key-table migrations and exit (as the schema owner; a
+    /// runtime role needs only store.migrate = "check").
+    Migrate {
+        /// Only report pending migrations; exit 1 if there are any.
+        #[arg(long)]
+        check: bool,
+    },
     /// Print the effective configuration (secrets hidden) and exit.
     Config,
     /// Inspect and repair idempotency keys.

@@ -2,6 +2,7 @@
 
 use crate::config::{ConfigError, SecretUrl};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Longest queue or exchange name RabbitMQ accepts (an AMQP short string).
@@ -48,6 +49,12 @@ pub struct AmqpSettings {
     /// `amqp://` or `amqps://` (TLS) URL with credentials; set it through
     /// `DEDUPQ__AMQP__URL` to keep the password out of files. Never logged.
     pub url: SecretUrl,
+    /// A file holding the URL (a Kubernetes or Docker secret); wins over
+    /// `url`.
+    pub url_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the broker's certificate, for
+    /// `amqps://` with a private CA (trusted besides the system's roots).
+    pub tls_ca_file: Option<PathBuf>,
     /// Unacked deliveries the broker may push per queue at once; claims are
     /// batched over this window. At least 1 (0 would mean "unbounded").
     pub prefetch: u16,
@@ -124,6 +131,8 @@ impl Default for AmqpSettings {
         Self {
             queues: Vec::new(),
             url: SecretUrl::new("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            url_file: None,
+            tls_ca_file: None,
             prefetch: 256,
             topology: Topology::Declare,
             queue_type: QueueType::Quorum,
@@ -189,6 +198,7 @@ impl AmqpSettings {
                 "use at least 5; the default is 20",
             ));
         }
+        self.check_tls_ca()?;
         if self.prefetch == 0 {
             return Err(ConfigError::new(
                 "amqp.prefetch",
@@ -226,6 +236,30 @@ impl AmqpSettings {
                 "amqp.heartbeat",
                 "is longer than the protocol allows (65535 s)",
                 "use a few seconds, e.g. 10s",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The CA file exists and holds at least one PEM certificate, so a bad
+    /// path stops start-up instead of every reconnect.
+    fn check_tls_ca(&self) -> Result<(), ConfigError> {
+        let Some(path) = &self.tls_ca_file else {
+            return Ok(());
+        };
+        let fix = "point it at the PEM file of the CA that signed the broker's certificate";
+        let pem = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(
+                "amqp.tls_ca_file",
+                format!("cannot read {}: {e}", path.display()),
+                fix,
+            )
+        })?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::new(
+                "amqp.tls_ca_file",
+                format!("{} holds no PEM certificate", path.display()),
+                fix,
             ));
         }
         Ok(())

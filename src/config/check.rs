@@ -1,11 +1,12 @@
 //! Start-up validation of the configuration tree. Each rule names the
 //! setting and the fix.
 
-use crate::config::{ConfigError, Settings, TenantSource};
+use crate::config::{redact_url, ConfigError, Settings, TenantSource};
 use crate::identity::Tenant;
 
 pub fn validate(s: &Settings) -> Result<(), ConfigError> {
-    check_store(s)?;
+    s.store.validate()?;
+    check_handler(s)?;
     check_engine(s)?;
     check_identity(s)?;
     check_retention(s)?;
@@ -18,20 +19,16 @@ pub fn validate(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_store(s: &Settings) -> Result<(), ConfigError> {
-    let url = s.store.url.expose();
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+/// The handler URL is checked here, where the error can hide its
+/// credentials, before the handler is built from it.
+fn check_handler(s: &Settings) -> Result<(), ConfigError> {
+    let url = &s.handler.url;
+    let ok = url::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+    if !ok {
         return Err(ConfigError::new(
-            "store.url",
-            format!("'{}' is not a PostgreSQL URL", s.store.url),
-            "use postgres://user:password@host:5432/database",
-        ));
-    }
-    if s.store.max_connections == 0 {
-        return Err(ConfigError::new(
-            "store.max_connections",
-            "must be at least 1",
-            "set it to 4..16",
+            "handler.url",
+            format!("'{}' is not an http(s) URL", redact_url(url)),
+            "use http(s)://host:port/path",
         ));
     }
     Ok(())

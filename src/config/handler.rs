@@ -1,5 +1,6 @@
 //! Handler settings (`[handler]`): where the work call goes and how.
 
+use super::redact_url;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -75,8 +76,12 @@ pub struct HandlerRoute {
 #[serde(default, deny_unknown_fields)]
 pub struct HandlerSettings {
     pub kind: HandlerKind,
-    /// Where the work call goes unless a route says otherwise.
+    /// Where the work call goes unless a route says otherwise. May carry
+    /// credentials: hidden in `dedupq config`, never logged.
     pub url: String,
+    /// A file holding the URL (a Kubernetes or Docker secret); wins over
+    /// `url`.
+    pub url_file: Option<PathBuf>,
     /// Per-request timeout; must be shorter than the lease.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -116,6 +121,7 @@ impl Default for HandlerSettings {
         Self {
             kind: HandlerKind::Payment,
             url: "http://127.0.0.1:8081/charges".into(),
+            url_file: None,
             timeout: Duration::from_secs(10),
             key_header: "Idempotency-Key".into(),
             fault_statuses: vec![401, 403, 404, 405],
@@ -144,21 +150,5 @@ impl HandlerSettings {
             *value = value.redacted();
         }
         copy
-    }
-}
-
-/// A URL with its password (and user name, which can be a token) hidden.
-pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
-            if !u.username().is_empty() {
-                let _ = u.set_username("***");
-            }
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        _ => raw.to_string(),
     }
 }

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -21,6 +22,10 @@ pub struct KafkaSettings {
     /// settings dedupq sets itself, except the ones the offset guarantee
     /// depends on (auto commit off, no automatic offset store).
     pub client: BTreeMap<String, String>,
+    /// librdkafka properties read from files (property -> path), e.g.
+    /// `"sasl.password" = "/run/secrets/kafka-password"`: for secrets
+    /// mounted by Kubernetes or Docker.
+    pub client_files: BTreeMap<String, PathBuf>,
     /// Most messages handed to the engine in one call (one claim round trip).
     pub batch_size: usize,
     /// How long a batch waits for more messages once the first is ready.
@@ -83,6 +88,7 @@ impl Default for KafkaSettings {
             dlq_suffix: ".dlq".into(),
             reply_topic: None,
             client: BTreeMap::new(),
+            client_files: BTreeMap::new(),
             batch_size: 500,
             batch_linger: Duration::from_millis(5),
             max_batches_in_flight: 4,

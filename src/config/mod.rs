@@ -1,23 +1,28 @@
 //! One typed configuration tree: defaults, then a TOML file, then
-//! environment variables (`DEDUPQ__SECTION__FIELD`). Validated at start-up;
-//! a bad value stops the process with the setting's name and the fix.
+//! environment variables (`DEDUPQ__SECTION__FIELD`), then secrets from
+//! files (`*_file` settings). Validated at start-up; a bad value stops the
+//! process with the setting's name and the fix.
 
 pub mod amqp;
 pub mod api;
 mod check;
 pub mod handler;
 pub mod kafka;
+mod secret;
+mod sources;
+mod store;
 
 pub use amqp::{AmqpSettings, QueueType, Topology};
 pub use api::{ApiSettings, PublishTarget, RouteMode, RouteSettings, WebhookKind};
 pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
+pub use secret::{is_secret_name, redact_url, SecretUrl};
+pub use store::{check_schema_name, MigrateMode, StoreSettings};
 
 use crate::fingerprint::FingerprintSpec;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -35,61 +40,6 @@ pub struct Settings {
     pub http: HttpSettings,
     pub api: ApiSettings,
     pub log: LogSettings,
-}
-
-/// A URL that may hold a password. Debug and Display never show it.
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct SecretUrl(String);
-
-impl SecretUrl {
-    pub fn new(url: impl Into<String>) -> Self {
-        Self(url.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match url::Url::parse(&self.0) {
-            Ok(mut u) if u.password().is_some() => {
-                let _ = u.set_password(Some("***"));
-                f.write_str(u.as_str())
-            }
-            Ok(u) => f.write_str(u.as_str()),
-            Err(_) => f.write_str("<unparsable url>"),
-        }
-    }
-}
-
-impl fmt::Debug for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretUrl({self})")
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreSettings {
-    pub url: SecretUrl,
-    /// Schema holding the key table; None: the connection's search_path.
-    pub schema: Option<String>,
-    pub max_connections: u32,
-    #[serde(with = "humantime_serde")]
-    pub acquire_timeout: Duration,
-}
-
-impl Default for StoreSettings {
-    fn default() -> Self {
-        Self {
-            url: SecretUrl::new("postgres://postgres:postgres@127.0.0.1:5432/postgres"),
-            schema: None,
-            max_connections: 8,
-            acquire_timeout: Duration::from_secs(3),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -257,11 +207,23 @@ impl ConfigError {
     pub fn new(setting: &str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             setting: setting.to_string(),
-            env: setting.replace('.', "__").to_uppercase(),
+            env: env_name(setting),
             problem: problem.into(),
             fix: fix.into(),
         }
     }
+}
+
+/// The variable of a setting: `engine.lease` -> `ENGINE__LEASE`; a
+/// librdkafka property keeps its dots as `_` (see `sources`).
+fn env_name(setting: &str) -> String {
+    for table in ["kafka.client_files.", "kafka.client."] {
+        if let Some(property) = setting.strip_prefix(table) {
+            let table = table.trim_end_matches('.').replace('.', "__");
+            return format!("{table}__{}", property.replace('.', "_")).to_uppercase();
+        }
+    }
+    setting.replace('.', "__").to_uppercase()
 }
 
 impl Settings {
@@ -278,31 +240,36 @@ impl Settings {
             }
             figment = figment.merge(Toml::file(path));
         }
-        let settings: Settings = figment
-            .merge(Env::prefixed("DEDUPQ__").split("__"))
-            .extract()
-            .map_err(|e| {
-                let setting = e.path.join(".");
-                ConfigError::new(
-                    if setting.is_empty() {
-                        "<root>"
-                    } else {
-                        &setting
-                    },
-                    e.kind.to_string(),
-                    "see the configuration reference in README.md",
-                )
-            })?;
+        // `[kafka.client]` variables map to dotted property names, which
+        // the generic mapping cannot express: `sources` reads them.
+        let env = Env::prefixed("DEDUPQ__")
+            .filter(|k| !sources::is_client_variable(k.as_str()))
+            .split("__");
+        let mut settings: Settings = figment.merge(env).extract().map_err(|e| {
+            let setting = e.path.join(".");
+            ConfigError::new(
+                if setting.is_empty() {
+                    "<root>"
+                } else {
+                    &setting
+                },
+                e.kind.to_string(),
+                "see the configuration reference in README.md",
+            )
+        })?;
+        sources::resolve(&mut settings, std::env::vars())?;
         settings.validate()?;
         Ok(settings)
     }
 
-    /// A copy safe to print: passwords in URLs replaced by `***`.
+    /// A copy safe to print: credentials in URLs and secret librdkafka
+    /// properties replaced by `***`.
     pub fn redacted(&self) -> Self {
         let mut copy = self.clone();
         copy.store.url = SecretUrl::new(self.store.url.to_string());
         copy.amqp.url = SecretUrl::new(self.amqp.url.to_string());
         copy.handler = self.handler.redacted();
+        copy.kafka.client = secret::redact_client(&self.kafka.client);
         copy
     }
 

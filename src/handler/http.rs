@@ -64,7 +64,7 @@ fn parse_url(setting: &'static str, raw: &str) -> Result<reqwest::Url, HttpHandl
         .ok()
         .filter(|u| matches!(u.scheme(), "http" | "https"))
         .ok_or_else(|| {
-            let shown = crate::config::handler::redact_url(raw);
+            let shown = crate::config::redact_url(raw);
             config(setting, format!("'{shown}' is not a valid http(s) URL"))
         })
 }

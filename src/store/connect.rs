@@ -1,10 +1,8 @@
 use super::StoreError;
-use crate::config::StoreSettings;
+use crate::config::{check_schema_name, StoreSettings};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Executor, PgPool};
+use sqlx::PgPool;
 use std::str::FromStr;
-
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// A handle on the key table. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -20,7 +18,15 @@ impl Store {
             .map_err(StoreError::Query)?
             .application_name("dedupq");
         if let Some(schema) = &settings.schema {
-            options = options.options([("search_path", schema.as_str())]);
+            // Checked here too, for callers that skip the configuration's
+            // validation: the name goes into the startup `options` string,
+            // where a space would start another `-c` setting and a comma
+            // another search_path entry. Quoted, so its case is kept.
+            check_schema_name(schema).map_err(|problem| StoreError::SchemaName {
+                name: schema.clone(),
+                problem,
+            })?;
+            options = options.options([("search_path", format!("\"{schema}\""))]);
         }
         let pool = PgPoolOptions::new()
             // Claims and completions are batched, so a few connections carry
@@ -45,17 +51,21 @@ impl Store {
         &self.pool
     }
 
-    /// Creates the schema if configured and applies pending migrations.
-    pub async fn migrate(&self, schema: Option<&str>) -> Result<(), StoreError> {
-        if let Some(schema) = schema {
-            let sql = format!(
-                "CREATE SCHEMA IF NOT EXISTS \"{}\"",
-                schema.replace('"', "\"\"")
-            );
-            self.pool.execute(sql.as_str()).await?;
+    /// Why a new connection fails right now (None: it succeeds). The pool
+    /// only reports that it timed out; this says what an operator can fix
+    /// (refused, unknown host, TLS, authentication).
+    pub async fn connect_error(&self) -> Option<sqlx::Error> {
+        use sqlx::{ConnectOptions, Connection};
+        let options = self.pool.connect_options();
+        let attempt = options.connect();
+        match tokio::time::timeout(self.pool.options().get_acquire_timeout(), attempt).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                None
+            }
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(sqlx::Error::PoolTimedOut),
         }
-        MIGRATOR.run(&self.pool).await?;
-        Ok(())
     }
 
     /// One trivial query: is PostgreSQL reachable right now?

@@ -13,6 +13,28 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("a stored key row is not what dedupq wrote: {0}")]
     Corrupt(String),
+    #[error("store.schema {name:?} is refused: {problem}")]
+    SchemaName { name: String, problem: String },
+    #[error(
+        "the key table's schema is behind this build: not applied: {}. Run `dedupq migrate` \
+         with the schema owner's role first (store.migrate = \"check\" never changes the schema)",
+        super::schema::list(pending)
+    )]
+    Behind {
+        pending: Vec<super::schema::Pending>,
+    },
+    #[error(
+        "migrations are pending ({}) and this database role may not apply them. Run `dedupq \
+         migrate` with the schema owner's role, and start with store.migrate = \"check\"",
+        super::schema::list(pending)
+    )]
+    NeedsOwner {
+        pending: Vec<super::schema::Pending>,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("the migration history is inconsistent: {0}")]
+    MigrationState(String),
 }
 
 impl StoreError {

@@ -9,6 +9,7 @@ mod finish;
 mod lookup;
 mod maintenance;
 mod repair;
+mod schema;
 mod transactional;
 
 pub use admin::{KeyFilter, KeyRow};
@@ -18,6 +19,7 @@ pub use error::StoreError;
 pub use finish::{Answer, Finish, FinishWrite};
 pub use lookup::KeyState;
 pub use repair::{Released, Repaired, Settlement};
+pub use schema::Pending;
 pub use transactional::TxClaim;
 
 use serde::Serialize;

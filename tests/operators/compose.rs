@@ -108,3 +108,93 @@ fn every_metric_the_dashboard_queries_is_exported() {
         assert!(queried.contains(wanted), "the dashboard shows {wanted}");
     }
 }
+
+#[test]
+fn compose_pins_its_images_checks_health_and_outlasts_the_drain() {
+    let compose: serde_yaml::Value = serde_yaml::from_str(&repo("docker-compose.yml")).unwrap();
+    let services = compose["services"].as_mapping().expect("services");
+    for (name, service) in services {
+        let image = service["image"]
+            .as_str()
+            .expect("every service names its image");
+        let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+        assert!(
+            tag.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit() || c == 'v')
+                && tag != "latest",
+            "{name:?}: image {image} is not pinned to a version"
+        );
+    }
+    let dedupq = &compose["services"]["dedupq"];
+    let settings: Settings = toml::from_str(&repo("deploy/dedupq.toml")).unwrap();
+    let grace = humantime::parse_duration(dedupq["stop_grace_period"].as_str().unwrap()).unwrap();
+    assert!(
+        grace >= settings.kafka.drain_timeout + std::time::Duration::from_secs(15),
+        "stop_grace_period {grace:?} must outlast kafka.drain_timeout"
+    );
+    assert!(dedupq["healthcheck"]["test"].as_sequence().is_some());
+    let probe = format!("{:?}", dedupq["healthcheck"]["test"]);
+    assert!(probe.contains("/readyz") && probe.contains(&settings.http.listen.port().to_string()));
+    for (dep, condition) in dedupq["depends_on"].as_mapping().unwrap() {
+        let condition = condition["condition"].as_str().unwrap();
+        let dep = dep.as_str().unwrap();
+        let expected = if dep == "migrate" {
+            "service_completed_successfully"
+        } else {
+            "service_healthy"
+        };
+        assert_eq!(condition, expected, "{dep}");
+        if expected == "service_healthy" {
+            assert!(
+                compose["services"][dep]["healthcheck"].is_mapping(),
+                "{dep} has a healthcheck"
+            );
+        }
+    }
+    let image = format!("dedupq:{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(dedupq["image"].as_str(), Some(image.as_str()));
+}
+
+#[test]
+fn compose_hands_dedupq_and_the_migrate_job_the_secret_files_their_configuration_reads() {
+    let compose: serde_yaml::Value = serde_yaml::from_str(&repo("docker-compose.yml")).unwrap();
+    let settings: Settings = toml::from_str(&repo("deploy/dedupq.toml")).unwrap();
+    assert_eq!(settings.store.migrate, dedupq::config::MigrateMode::Check);
+    let mounted = |service: &str| -> Vec<String> {
+        compose["services"][service]["secrets"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|s| format!("/run/secrets/{}", s.as_str().unwrap()))
+            .collect()
+    };
+    let files = [&settings.store.url_file, &settings.amqp.url_file];
+    for file in files {
+        let file = file
+            .as_ref()
+            .expect("URLs with passwords come from secret files");
+        assert!(
+            mounted("dedupq").contains(&file.display().to_string()),
+            "{file:?}"
+        );
+    }
+    let migrate = &compose["services"]["migrate"];
+    assert_eq!(migrate["command"][0].as_str(), Some("migrate"));
+    let url_file = migrate["environment"]["DEDUPQ__STORE__URL_FILE"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        Some(std::path::PathBuf::from(url_file)),
+        settings.store.url_file
+    );
+    assert!(mounted("migrate").contains(&url_file.to_string()));
+    for secret in compose["secrets"].as_mapping().unwrap().values() {
+        let file = secret["file"].as_str().unwrap();
+        let url = repo(file);
+        assert!(
+            url.starts_with("postgres://") || url.starts_with("amqp://"),
+            "{file}"
+        );
+    }
+}

@@ -11,14 +11,7 @@ fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
 }
 
-/// The fenced blocks of one language.
-fn blocks(text: &str, lang: &str) -> Vec<String> {
-    let fence = format!("```{lang}\n");
-    text.split(&fence)
-        .skip(1)
-        .map(|rest| rest.split("```").next().unwrap_or("").to_string())
-        .collect()
-}
+use crate::support::fenced_blocks as blocks;
 
 fn leaf_paths(value: &toml::Value, prefix: &str, out: &mut BTreeSet<String>) {
     match value {

@@ -127,9 +127,19 @@ pub async fn read(
     count: usize,
     limit: Duration,
 ) -> Vec<OwnedMessage> {
+    read_with(plain_consumer(), topic, partitions, count, limit).await
+}
+
+/// `read` with a consumer of the caller's (e.g. one over SASL_SSL).
+pub async fn read_with(
+    c: BaseConsumer,
+    topic: &str,
+    partitions: i32,
+    count: usize,
+    limit: Duration,
+) -> Vec<OwnedMessage> {
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
-        let c = plain_consumer();
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {
             tpl.add_partition_offset(&topic, p, Offset::Beginning)

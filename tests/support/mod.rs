@@ -143,6 +143,15 @@ where
     }
 }
 
+/// The fenced blocks of one language in a Markdown text.
+pub fn fenced_blocks(text: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    text.split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or("").to_string())
+        .collect()
+}
+
 /// Rows in the key table of this store's schema.
 pub async fn count_rows(store: &Store) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM dedupq_keys")

@@ -59,12 +59,83 @@ pub struct Dedupq {
     config: PathBuf,
     log: PathBuf,
     pub http: SocketAddr,
+    /// Environment of the process (e.g. `DEDUPQ__…` secrets); with it set,
+    /// inherited `DEDUPQ__…` variables are dropped, so the configuration
+    /// file and this list are all the process sees.
+    env: Option<Vec<(String, String)>>,
 }
 
 impl Dedupq {
     /// Writes `config` (plus an `[http]` section of its own) to a file,
     /// starts `dedupq run --config <file>` and waits for /healthz.
     pub async fn start(config: &toml::Table) -> Self {
+        let mut me = Self::configure(config);
+        me.spawn().await;
+        me
+    }
+
+    /// Like `start`, without waiting for anything (for processes expected
+    /// to exit, or watched from the first moment), configured by `config`
+    /// and `env` only: inherited `DEDUPQ__…` variables are dropped.
+    pub fn launch(config: &toml::Table, env: &[(&str, &str)]) -> Self {
+        let mut me = Self::configure(config);
+        me.env = Some(
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        me.spawn_child();
+        me
+    }
+
+    /// Waits until /readyz answers 200; Err with the log if the process
+    /// exits first or the limit passes.
+    pub async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let url = format!("http://{}/readyz", self.http);
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Ok(r) = reqwest::get(&url).await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if let Some(status) = self.exit_status() {
+                return Err(format!("exited with {status}:\n{}", self.log_tail()));
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!("not ready in {limit:?}:\n{}", self.log_tail()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits for the process to exit by itself; panics after `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.exit_status() {
+                return status;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("dedupq still running after {limit:?}:\n{}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn configure(config: &toml::Table) -> Self {
         let dir = std::env::temp_dir().join(unique("dedupq"));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -75,23 +146,29 @@ impl Dedupq {
         let path = dir.join("dedupq.toml");
         std::fs::write(&path, toml::to_string(&config).expect("serialize config"))
             .expect("write config");
-        let mut me = Self {
+        Self {
             child: None,
             config: path,
             log: dir.join("dedupq.log"),
             http,
-        };
-        me.spawn().await;
-        me
+            env: None,
+        }
     }
 
-    async fn spawn(&mut self) {
+    fn spawn_child(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("open log");
-        let child = Command::new(env!("CARGO_BIN_EXE_dedupq"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
+        if let Some(env) = &self.env {
+            for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
+                command.env_remove(name);
+            }
+            command.envs(env.iter().map(|(k, v)| (k, v)));
+        }
+        let child = command
             .arg("run")
             .arg("--config")
             .arg(&self.config)
@@ -101,6 +178,10 @@ impl Dedupq {
             .spawn()
             .expect("spawn dedupq");
         self.child = Some(child);
+    }
+
+    async fn spawn(&mut self) {
+        self.spawn_child();
         let url = format!("http://{}/healthz", self.http);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {

@@ -5,8 +5,9 @@
 
 use super::error::AmqpError;
 use crate::config::AmqpSettings;
+use lapin::tcp::OwnedTLSConfig;
 use lapin::uri::AMQPUri;
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties, DefaultConnectionBuilder};
 
 pub(super) async fn connect(settings: &AmqpSettings) -> Result<Connection, AmqpError> {
     let redacted = settings.url.to_string();
@@ -27,14 +28,17 @@ pub(super) async fn connect(settings: &AmqpSettings) -> Result<Connection, AmqpE
         .get_or_insert(settings.connect_timeout.as_millis() as u64);
     let properties = ConnectionProperties::default()
         .with_connection_name(settings.connection_name.clone().into());
+    let builder = DefaultConnectionBuilder::new()
+        .map_err(|source| AmqpError::Connect {
+            url: redacted.clone(),
+            source,
+        })?
+        .with_uri(uri)
+        .with_properties(properties)
+        .with_tls_config(tls_config(settings)?);
     // lapin's own timeout covers the TCP connect; this one also bounds the
     // TLS and AMQP handshakes.
-    match tokio::time::timeout(
-        settings.connect_timeout,
-        Connection::connect_uri(uri, properties),
-    )
-    .await
-    {
+    match tokio::time::timeout(settings.connect_timeout, builder.connect()).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(source)) => Err(AmqpError::Connect {
             url: redacted,
@@ -42,4 +46,23 @@ pub(super) async fn connect(settings: &AmqpSettings) -> Result<Connection, AmqpE
         }),
         Err(_) => Err(AmqpError::ConnectTimeout { url: redacted }),
     }
+}
+
+/// `amqp.tls_ca_file` is trusted for `amqps://` besides the system's roots.
+/// Read at every connect, so a rotated CA file takes effect on reconnect.
+fn tls_config(settings: &AmqpSettings) -> Result<OwnedTLSConfig, AmqpError> {
+    let cert_chain = match &settings.tls_ca_file {
+        None => None,
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+            AmqpError::Config(crate::config::ConfigError::new(
+                "amqp.tls_ca_file",
+                format!("cannot read {}: {e}", path.display()),
+                "point it at the PEM file of the CA that signed the broker's certificate",
+            ))
+        })?),
+    };
+    Ok(OwnedTLSConfig {
+        identity: None,
+        cert_chain,
+    })
 }

@@ -1,0 +1,146 @@
+//! PostgreSQL settings (`[store]`) and their start-up checks.
+
+use crate::config::{ConfigError, SecretUrl};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// PostgreSQL's identifier limit (NAMEDATALEN - 1).
+const MAX_SCHEMA_LEN: usize = 63;
+
+/// What `dedupq run` does about the key table's migrations at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigrateMode {
+    /// Apply pending migrations (one instance at a time, under an advisory
+    /// lock). Needs DDL rights only when something is pending.
+    #[default]
+    Auto,
+    /// Only verify that every migration is applied, and refuse to start
+    /// otherwise: for a runtime role without DDL rights, with `dedupq
+    /// migrate` run as the schema owner before a deploy.
+    Check,
+}
+
+impl MigrateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrateMode::Auto => "auto",
+            MigrateMode::Check => "check",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    pub url: SecretUrl,
+    /// A file holding the URL (a Kubernetes or Docker secret); wins over
+    /// `url`.
+    pub url_file: Option<PathBuf>,
+    /// Schema holding the key table; None: the connection's search_path.
+    pub schema: Option<String>,
+    pub migrate: MigrateMode,
+    pub max_connections: u32,
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::new("postgres://postgres:postgres@127.0.0.1:5432/postgres"),
+            url_file: None,
+            schema: None,
+            migrate: MigrateMode::Auto,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl StoreSettings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.url.expose();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new(
+                "store.url",
+                format!("'{}' is not a PostgreSQL URL", self.url),
+                "use postgres://user:password@host:5432/database",
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::new(
+                "store.max_connections",
+                "must be at least 1",
+                "set it to 4..16",
+            ));
+        }
+        if let Some(schema) = &self.schema {
+            check_schema_name(schema).map_err(|problem| {
+                ConfigError::new(
+                    "store.schema",
+                    problem,
+                    "use letters, digits and underscores, starting with a letter or \
+                     underscore (upper case is kept as written)",
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A schema name dedupq accepts: a plain identifier of at most 63 bytes.
+/// It reaches PostgreSQL quoted (`"Payments"` keeps its case), and nothing
+/// that could close the quote, split the search_path (`,`) or the
+/// connection's startup options (spaces) gets that far.
+pub fn check_schema_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let starts_well = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !starts_well || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "{name:?} is not a plain identifier (only ASCII letters, digits and '_', \
+             not starting with a digit)"
+        ));
+    }
+    if name.len() > MAX_SCHEMA_LEN {
+        return Err(format!(
+            "{name:?} is longer than PostgreSQL's {MAX_SCHEMA_LEN}-byte identifier limit"
+        ));
+    }
+    if name.starts_with("pg_") {
+        return Err(format!("{name:?} uses the pg_ prefix PostgreSQL reserves"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_mixed_case_schema_names_are_accepted() {
+        for ok in ["dedupq", "Payments_EU", "_t1", &"a".repeat(63)] {
+            assert_eq!(check_schema_name(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn names_that_could_split_or_inject_are_refused() {
+        for bad in [
+            "",
+            "a,public",
+            "a -c default_transaction_read_only=on",
+            "a\"b",
+            "a;b",
+            "1abc",
+            "ümlaut",
+            "pg_temp",
+            &"a".repeat(64),
+        ] {
+            assert!(check_schema_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! /healthz and /readyz answer from the first moment, also while
+//! PostgreSQL cannot be reached at start-up (a liveness probe must not kill
+//! a pod that waits for its database); /readyz says why it is not ready.
+
+use crate::support::process::{base_config, free_port, Dedupq, Provider};
+use crate::support::{self, unique};
+use dedupq::config::{SecretUrl, StoreSettings};
+use dedupq::provider::Knobs;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+
+/// Forwards `port` to the shared PostgreSQL: the database "appears" on a
+/// port where nothing listened, without touching the shared server.
+async fn forward_to_postgres(port: u16) -> tokio::task::JoinHandle<()> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind the forwarded port");
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect("127.0.0.1:5432").await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    })
+}
+
+async fn get(url: &str) -> Option<(u16, String)> {
+    let r = reqwest::get(url).await.ok()?;
+    let status = r.status().as_u16();
+    Some((status, r.text().await.ok()?))
+}
+
+#[tokio::test]
+async fn probes_answer_while_postgresql_is_unreachable_and_ready_follows_it() {
+    let provider = Provider::start(Knobs::default()).await;
+    let port = free_port();
+    let schema = unique("probe");
+    let store = StoreSettings {
+        url: SecretUrl::new(format!(
+            "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
+        )),
+        schema: Some(schema.clone()),
+        ..StoreSettings::default()
+    };
+    let mut dedupq = Dedupq::launch(&base_config(&store, &provider), &[]);
+    let base = format!("http://{}", dedupq.http);
+
+    let alive = support::eventually(Duration::from_secs(10), "/healthz", || async {
+        get(&format!("{base}/healthz")).await
+    })
+    .await;
+    assert_eq!(alive.0, 200);
+    let readyz = support::eventually(Duration::from_secs(10), "/readyz with a reason", || async {
+        let (status, body) = get(&format!("{base}/readyz")).await?;
+        (status == 503 && body.contains("store down: unreachable:")).then_some(body)
+    })
+    .await;
+    assert!(readyz.to_lowercase().contains("refused"), "{readyz}");
+    assert!(dedupq.exit_status().is_none(), "it waits for PostgreSQL");
+
+    let forwarder = forward_to_postgres(port).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready once PostgreSQL answers");
+    let admin = sqlx::PgPool::connect(&support::database_url())
+        .await
+        .unwrap();
+    let table: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("\"{schema}\".dedupq_keys"))
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert!(table.is_some(), "migrated once PostgreSQL answered");
+    dedupq.kill();
+    forwarder.abort();
+}
