@@ -21,7 +21,7 @@ use sqlx::PgConnection;
 use std::sync::Arc;
 
 /// Books `amount` (in cents) for the payment's tenant and key.
-struct Ledger;
+pub struct Ledger;
 
 #[derive(serde::Deserialize)]
 struct Entry {
@@ -58,11 +58,20 @@ impl TransactionalHandler for Ledger {
 }
 
 #[tokio::main]
+#[allow(dead_code)]
 async fn main() -> anyhow::Result<()> {
     let file = std::env::args().nth(1).map(std::path::PathBuf::from);
     let settings = Settings::load(file.as_deref())?;
     dedupq::telemetry::init(&settings.log);
-    let app = Application::build_transactional(settings, Arc::new(Ledger)).await?;
+    run(settings, Arc::new(Ledger)).await
+}
+
+/// Creates the ledger table if needed and consumes until stopped.
+pub async fn run(
+    settings: Settings,
+    handler: Arc<dyn dedupq::engine::TransactionalHandler>,
+) -> anyhow::Result<()> {
+    let app = Application::build_transactional(settings, handler).await?;
     // Deliberately no unique constraint: a second booking of one payment
     // must show as a second row, not hide behind an error.
     sqlx::query(
