@@ -74,6 +74,9 @@ impl KafkaPublisher {
     }
 }
 
+/// Longest wait for one RabbitMQ publish to be confirmed.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub struct AmqpPublisher {
     url: String,
     queue: String,
@@ -118,7 +121,10 @@ impl AmqpPublisher {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.try_publish(msg).await {
+            // A confirm lost with a force-closed connection may never
+            // resolve: bound each try, then reconnect and publish again.
+            let tried = tokio::time::timeout(PUBLISH_TIMEOUT, self.try_publish(msg)).await;
+            match tried.unwrap_or_else(|_| Err(anyhow!("no confirm within {PUBLISH_TIMEOUT:?}"))) {
                 Ok(()) => return Ok(()),
                 Err(e) if attempts < 60 => {
                     tracing::debug!(error = %crate::telemetry::chain(e.as_ref()), "publish to RabbitMQ failed; reconnecting");
