@@ -22,11 +22,9 @@ pub struct KeyState {
 }
 
 pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyState>> {
-    let rows = sqlx::query(
-        "SELECT tenant, key, status, attempts, result_body->>'id' AS charge FROM dedupq_keys",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query("SELECT tenant, key, status, attempts, result_body FROM dedupq_keys")
+        .fetch_all(pool)
+        .await?;
     Ok(rows
         .iter()
         .map(|r| {
@@ -40,11 +38,22 @@ pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyStat
                 KeyState {
                     status: r.get("status"),
                     attempts: r.get("attempts"),
-                    charge_id: r.get("charge"),
+                    charge_id: charge_id(r.get("result_body")),
                 },
             )
         })
         .collect())
+}
+
+/// The charge id in a stored provider answer (bytes as the provider sent
+/// them), if the answer is JSON with an `id`.
+fn charge_id(body: Option<Vec<u8>>) -> Option<String> {
+    let v: Value = serde_json::from_slice(&body?).ok()?;
+    match &v["id"] {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
