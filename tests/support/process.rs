@@ -65,6 +65,13 @@ impl Dedupq {
     /// Writes `config` (plus an `[http]` section of its own) to a file,
     /// starts `dedupq run --config <file>` and waits for /healthz.
     pub async fn start(config: &toml::Table) -> Self {
+        let mut me = Self::prepare(config);
+        me.spawn().await;
+        me
+    }
+
+    /// Writes the configuration file; starts nothing.
+    fn prepare(config: &toml::Table) -> Self {
         let dir = std::env::temp_dir().join(unique("dedupq"));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -75,14 +82,43 @@ impl Dedupq {
         let path = dir.join("dedupq.toml");
         std::fs::write(&path, toml::to_string(&config).expect("serialize config"))
             .expect("write config");
-        let mut me = Self {
+        Self {
             child: None,
             config: path,
             log: dir.join("dedupq.log"),
             http,
+        }
+    }
+
+    /// Runs `dedupq run` with `config` and waits up to `limit` for it to
+    /// exit by itself (a start-up refusal); returns its exit code (None:
+    /// still running at the limit, then killed) and its output.
+    pub async fn run_to_exit(config: &toml::Table, limit: Duration) -> (Option<i32>, String) {
+        let mut me = Self::prepare(config);
+        let log = std::fs::File::create(&me.log).expect("create log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dedupq"))
+            .arg("run")
+            .arg("--config")
+            .arg(&me.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn dedupq");
+        let deadline = tokio::time::Instant::now() + limit;
+        let code = loop {
+            if let Some(status) = child.try_wait().expect("wait for dedupq") {
+                break Some(status.code().unwrap_or(-1));
+            }
+            if tokio::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        me.spawn().await;
-        me
+        me.child = None;
+        (code, me.log())
     }
 
     async fn spawn(&mut self) {
@@ -139,6 +175,50 @@ impl Dedupq {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Whether the process is still running (false once it exited, or was
+    /// killed by the test).
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// SIGTERM, then waits up to `limit` for the process to exit; returns
+    /// how long it took (None: still running at the limit, then SIGKILLed).
+    pub async fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let started = tokio::time::Instant::now();
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill -TERM");
+        assert!(sent.success(), "kill -TERM {}", child.id());
+        while started.elapsed() < limit {
+            if child.try_wait().ok().flatten().is_some() {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// `/readyz`: whether it answered 200, and its body.
+    pub async fn readyz(&self) -> (bool, String) {
+        let r = reqwest::get(format!("http://{}/readyz", self.http))
+            .await
+            .expect("GET /readyz");
+        let ok = r.status().is_success();
+        (ok, r.text().await.expect("readyz body"))
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Starts the same configuration again (same port, same log).
