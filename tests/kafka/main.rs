@@ -15,4 +15,6 @@ mod poison;
 mod rebalance;
 mod replies;
 mod retries;
+mod shutdown;
+mod stalls;
 mod startup_topics;
