@@ -11,6 +11,7 @@ mod in_flight;
 mod poison;
 mod secrets;
 mod topology;
+mod unreadable;
 
 use dedupq::engine::Engine;
 use dedupq::health::Component;
