@@ -4,11 +4,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod ambiguous;
 mod crash;
 mod cross_transport;
 mod duplicates;
 mod in_flight;
 mod poison;
+mod refused_replies;
 mod secrets;
 mod topology;
 mod unreadable;
