@@ -30,13 +30,11 @@ async fn full_queue(h: &Harness) -> String {
     name
 }
 
-fn stored_done(store: &dedupq::store::Store) -> impl std::future::Future<Output = i64> + '_ {
-    async move {
-        sqlx::query_scalar("SELECT count(*) FROM dedupq_keys WHERE status = 'done'")
-            .fetch_one(store.pool())
-            .await
-            .expect("count done keys")
-    }
+async fn stored_done(store: &dedupq::store::Store) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM dedupq_keys WHERE status = 'done'")
+        .fetch_one(store.pool())
+        .await
+        .expect("count done keys")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
