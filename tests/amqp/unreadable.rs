@@ -7,7 +7,9 @@
 
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawDelivery, RawProperties};
+use crate::support::raw_amqp::{
+    death_reason, publish_raw, take_all, FieldValue, RawAmqp, RawDelivery, RawProperties,
+};
 use crate::support::{eventually, isolated_store};
 use dedupq::provider::Knobs;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
@@ -58,31 +60,16 @@ async fn publish_poison(queue: &str, properties: &RawProperties) {
         .expect("raw publish");
 }
 
-/// Takes every message now in `queue`, every property as bytes.
-async fn take_all(queue: &str) -> Vec<RawDelivery> {
-    let mut raw = RawAmqp::connect(&amqp::amqp_url())
+/// SIGTERM returns within `amqp.drain_timeout` + 5 s.
+async fn stops_within_the_drain_bound(dedupq: &mut Dedupq) {
+    let stopped = dedupq
+        .terminate(DRAIN + Duration::from_secs(30))
         .await
-        .expect("raw connect");
-    let mut out = Vec::new();
-    while let Some(d) = raw.get(queue).await.expect("basic.get") {
-        out.push(d);
-    }
-    raw.close().await.expect("raw close");
-    out
-}
-
-/// The reason of the first `x-death` entry.
-fn death_reason(d: &RawDelivery) -> Option<Vec<u8>> {
-    let Some(FieldValue::Array(deaths)) = d.properties.header(b"x-death") else {
-        return None;
-    };
-    let Some(FieldValue::Table(first)) = deaths.first() else {
-        return None;
-    };
-    first.iter().find_map(|(k, v)| match (k.as_slice(), v) {
-        (b"reason", FieldValue::LongStr(r)) => Some(r.clone()),
-        _ => None,
-    })
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", dedupq.log_tail()));
+    assert!(
+        stopped < DRAIN + Duration::from_secs(5),
+        "SIGTERM took {stopped:?}"
+    );
 }
 
 fn key_of(d: &RawDelivery) -> Vec<u8> {
@@ -147,7 +134,7 @@ async fn poison_amid_payments(
     let dead_letters = take_all(&dlq).await;
     let mut dead: Vec<_> = dead_letters
         .iter()
-        .map(|d| (key_of(d), death_reason(d)))
+        .map(|d| (key_of(d), death_reason(&d.properties)))
         .collect();
     dead.sort();
     let mut charged = Vec::new();
@@ -215,14 +202,7 @@ async fn unreadable_deliveries_are_dead_lettered_by_the_delivery_limit_and_the_p
     );
     assert!(dedupq.alive(), "{}", dedupq.log_tail());
 
-    let stopped = dedupq
-        .terminate(DRAIN + Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", dedupq.log_tail()));
-    assert!(
-        stopped < DRAIN + Duration::from_secs(5),
-        "SIGTERM took {stopped:?}"
-    );
+    stops_within_the_drain_bound(&mut dedupq).await;
     let client = Client::connect().await;
     assert_eq!(
         client.ready(&settings.queues[0]).await,
@@ -307,13 +287,6 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
         (provider.charges_for(&format!("{TENANT}:after")).await.len() == 1).then_some(())
     })
     .await;
-    let stopped = dedupq
-        .terminate(DRAIN + Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", dedupq.log_tail()));
-    assert!(
-        stopped < DRAIN + Duration::from_secs(5),
-        "SIGTERM took {stopped:?}"
-    );
+    stops_within_the_drain_bound(&mut dedupq).await;
     client.cleanup(&settings).await;
 }
