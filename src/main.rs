@@ -107,7 +107,10 @@ async fn run_scenario(
 ) -> anyhow::Result<()> {
     let name = args.profile.as_deref().unwrap_or(default_profile);
     let profile = dedupq::scenario::Profile::named(name).ok_or_else(|| {
-        anyhow::anyhow!("--profile must be demo, ci, long or broken, not '{name}'")
+        anyhow::anyhow!(
+            "--profile must be one of {}, not '{name}'",
+            dedupq::scenario::Profile::NAMES.join(", ")
+        )
     })?;
     let options = dedupq::scenario::Options {
         database_url: settings.store.url.expose().to_string(),

@@ -7,6 +7,7 @@
 mod fleet;
 mod profile;
 mod publish;
+mod raw_amqp;
 mod report;
 mod run;
 mod verify;
@@ -15,4 +16,4 @@ mod workload;
 pub use profile::{Fault, Profile};
 pub use report::Report;
 pub use run::{run, Options};
-pub use workload::{Kind, Route, Workload, WorkloadSpec};
+pub use workload::{Hostile, Kind, ReplyTo, Route, Workload, WorkloadSpec};

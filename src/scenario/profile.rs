@@ -31,7 +31,21 @@ pub struct Profile {
     /// Run the provider without idempotency, so any second execution shows
     /// as a second charge.
     pub provider_ignores_keys: bool,
+    /// Provider knobs at the start and after every stretch.
+    pub base_knobs: Value,
     pub quiesce_limit: Duration,
+}
+
+/// Provider knobs between stretches: fast, no failures, bodies of a
+/// repeated key compared as canonical JSON.
+fn base_knobs() -> Value {
+    json!({
+        "latency": "5ms",
+        "fail_rate": 0.0,
+        "hang_after_charge_rate": 0.0,
+        "slow_after_charge_rate": 0.0,
+        "compare": "json"
+    })
 }
 
 fn secs(s: u64) -> Duration {
@@ -48,10 +62,24 @@ fn workload(keys: usize, total: usize, publish_for: u64) -> WorkloadSpec {
         conflicts: (keys / 200).max(3),
         invalid: (keys / 250).max(4),
         publish_for: secs(publish_for),
+        hostile_each: 0,
+        max_body_bytes: 1024 * 1024,
     }
 }
 
+fn stretch(at: u64, knobs: Value, for_: u64) -> (Duration, Fault) {
+    (
+        secs(at),
+        Fault::Provider {
+            knobs,
+            for_: secs(for_),
+        },
+    )
+}
+
 impl Profile {
+    pub const NAMES: [&'static str; 5] = ["demo", "ci", "hostile", "long", "broken"];
+
     pub fn named(name: &str) -> Option<Self> {
         Some(match name {
             "demo" => Profile {
@@ -62,6 +90,7 @@ impl Profile {
                 kill_every: None,
                 faults: vec![(secs(8), Fault::KillOne)],
                 provider_ignores_keys: false,
+                base_knobs: base_knobs(),
                 quiesce_limit: secs(120),
             },
             "ci" => Profile {
@@ -98,7 +127,53 @@ impl Profile {
                     (secs(62), Fault::CloseAmqpConnections),
                 ],
                 provider_ignores_keys: true,
+                base_knobs: base_knobs(),
                 quiesce_limit: secs(240),
+            },
+            // Hostile input and a provider that honours keys as Stripe does
+            // (409 while a charged request still runs, 422 for other bytes
+            // under the same key), slow past the handler timeout, hanging,
+            // and answering what jsonb cannot hold. SIGKILLs, but no
+            // service restarts or forced RabbitMQ closes: it runs next to
+            // other users of the same services.
+            "hostile" => Profile {
+                name: "hostile",
+                workload: WorkloadSpec {
+                    hostile_each: 6,
+                    max_body_bytes: 64 * 1024,
+                    ..workload(3000, 9000, 45)
+                },
+                processes: 3,
+                partitions: 6,
+                kill_every: Some((secs(4), secs(8))),
+                faults: vec![
+                    stretch(
+                        3,
+                        json!({"odd_answer": "nul_escape", "odd_answer_next": 40}),
+                        5,
+                    ),
+                    stretch(
+                        10,
+                        json!({"slow_after_charge": "3s", "slow_after_charge_rate": 0.05}),
+                        8,
+                    ),
+                    stretch(
+                        20,
+                        json!({"odd_answer": "raw_bytes", "odd_answer_next": 40}),
+                        5,
+                    ),
+                    stretch(27, json!({"hang_after_charge_rate": 0.03}), 6),
+                    stretch(36, json!({"latency": "300ms"}), 5),
+                ],
+                provider_ignores_keys: false,
+                base_knobs: json!({
+                    "latency": "5ms",
+                    "fail_rate": 0.0,
+                    "hang_after_charge_rate": 0.0,
+                    "slow_after_charge_rate": 0.0,
+                    "compare": "bytes"
+                }),
+                quiesce_limit: secs(180),
             },
             "long" => Profile {
                 name: "long",
@@ -138,6 +213,7 @@ impl Profile {
                     })
                     .collect(),
                 provider_ignores_keys: true,
+                base_knobs: base_knobs(),
                 quiesce_limit: secs(600),
             },
             // Short, for builds with a guarantee switched off on purpose:
@@ -150,6 +226,7 @@ impl Profile {
                 kill_every: None,
                 faults: vec![],
                 provider_ignores_keys: true,
+                base_knobs: base_knobs(),
                 quiesce_limit: secs(120),
             },
             _ => return None,

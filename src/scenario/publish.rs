@@ -2,12 +2,13 @@
 //! message's partition and offset), RabbitMQ with publisher confirms and a
 //! reconnect, as a careful producer would.
 
-use super::workload::{Planned, Route};
+use super::raw_amqp::{self, RawMessage};
+use super::workload::{Hostile, Planned, ReplyTo, Route};
+use crate::message::Header;
 use anyhow::{anyhow, Context};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
@@ -43,19 +44,23 @@ impl KafkaPublisher {
     }
 
     pub async fn publish(&self, msg: &Planned) -> anyhow::Result<Coordinates> {
-        let mut headers = OwnedHeaders::new();
+        let mut headers = Vec::new();
         if let Some(t) = &msg.tenant {
-            headers = headers.insert(Header {
-                key: "client-id",
-                value: Some(t.as_bytes()),
-            });
+            headers.push(Header::new("client-id", t.as_bytes()));
         }
         if let Some(k) = &msg.key {
-            headers = headers.insert(Header {
-                key: "idempotency-key",
-                value: Some(k.as_bytes()),
-            });
+            headers.push(Header::new("idempotency-key", k.as_bytes()));
         }
+        match msg.hostile {
+            Some(Hostile::KafkaBadHeaderName) => {
+                headers.push(Header::new(&b"x-trace-\xff\xfe"[..], &b"1"[..]));
+            }
+            Some(Hostile::KafkaTwoKeys) => {
+                headers.push(Header::new("idempotency-key", &b"another-key"[..]));
+            }
+            _ => {}
+        }
+        let headers = crate::transport::kafka::raw_headers(&headers);
         let mut record = FutureRecord::<str, [u8]>::to(&self.topic)
             .payload(&msg.body)
             .headers(headers);
@@ -80,6 +85,10 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct AmqpPublisher {
     url: String,
     queue: String,
+    /// `reply_to` for `ReplyTo::Full` (a queue that refuses every publish)
+    /// and `ReplyTo::Missing`.
+    pub reply_full: String,
+    pub reply_missing: String,
     channel: Option<(Connection, Channel)>,
     /// Publishes repeated after a lost connection (the broker may have the
     /// first copy too: a producer duplicate, which dedupq must absorb).
@@ -91,6 +100,8 @@ impl AmqpPublisher {
         Self {
             url: url.to_string(),
             queue: queue.to_string(),
+            reply_full: format!("{queue}.full-replies"),
+            reply_missing: format!("{queue}.missing-replies"),
             channel: None,
             republished: 0,
         }
@@ -116,8 +127,32 @@ impl AmqpPublisher {
         Ok(&self.channel.as_ref().expect("set above").1)
     }
 
+    /// Declares the queue that refuses every reply (no room, overflow
+    /// rejects the publish).
+    pub async fn declare_full_replies(&mut self) -> anyhow::Result<()> {
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongInt(0));
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let name = ShortString::from(self.reply_full.clone());
+        let channel = self.channel().await?;
+        channel
+            .queue_declare(name, lapin::options::QueueDeclareOptions::default(), args)
+            .await
+            .context("declaring the queue that refuses replies")?;
+        Ok(())
+    }
+
     /// Publishes until the broker confirms it, reconnecting as needed.
     pub async fn publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
+        if matches!(
+            msg.hostile,
+            Some(Hostile::AmqpBadMessageId | Hostile::AmqpBadHeaderName)
+        ) {
+            return self.publish_unreadable(msg).await;
+        }
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -135,6 +170,23 @@ impl AmqpPublisher {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A delivery lapin cannot parse, published byte by byte.
+    async fn publish_unreadable(&self, msg: &Planned) -> anyhow::Result<()> {
+        let tenant = msg.tenant.as_deref().unwrap_or_default().as_bytes();
+        let key = msg.key.as_deref().unwrap_or_default().as_bytes();
+        let mut raw = RawMessage {
+            headers: vec![(b"client-id", tenant), (b"idempotency-key", key)],
+            message_id: None,
+            body: &msg.body,
+        };
+        if msg.hostile == Some(Hostile::AmqpBadMessageId) {
+            raw.message_id = Some(b"\xff\xfe-unreadable");
+        } else {
+            raw.headers.push((b"x-\xff\xfe", b"1"));
+        }
+        raw_amqp::publish(&self.url, &self.queue, &raw).await
     }
 
     async fn try_publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
@@ -165,6 +217,23 @@ impl AmqpPublisher {
                     AMQPValue::LongString(k.as_str().into()),
                 );
             }
+        }
+        if let (Some(Hostile::AmqpTwoTenants), Some(t)) = (msg.hostile, &msg.tenant) {
+            // A second tenant header that differs only in case: two entries
+            // of the table, one payment named two ways.
+            headers.insert(
+                ShortString::from("Client-Id"),
+                AMQPValue::LongString(format!("{t}-other").into()),
+            );
+        }
+        match msg.reply_to {
+            Some(ReplyTo::Full) => {
+                props = props.with_reply_to(self.reply_full.clone().into());
+            }
+            Some(ReplyTo::Missing) => {
+                props = props.with_reply_to(self.reply_missing.clone().into());
+            }
+            None => {}
         }
         let props = props.with_headers(FieldTable::from(headers));
         let channel = self.channel().await?;

@@ -17,6 +17,8 @@ pub struct Report {
     pub duplicates_injected: usize,
     pub conflicts_injected: usize,
     pub invalid_injected: usize,
+    /// Hostile messages by the dead-letter reason they must end with.
+    pub hostile_injected: BTreeMap<&'static str, usize>,
     pub published_kafka: usize,
     pub published_amqp: usize,
     pub amqp_republished: usize,
@@ -40,6 +42,12 @@ pub struct Report {
     /// (since each one's last start).
     pub outcomes: BTreeMap<String, f64>,
     pub metrics_urls: Vec<String>,
+    /// `dedupq_stalled_lanes` and `dedupq_replies_failed_total`, summed
+    /// over the instances at the end.
+    pub stalled_lanes: f64,
+    pub replies_failed: f64,
+    /// Instances whose /readyz did not answer 200 at the end, and why.
+    pub not_ready: Vec<String>,
     pub violations: Vec<String>,
 }
 
@@ -57,12 +65,23 @@ impl Report {
                 .count(),
             conflicts_injected: workload.count(Kind::Conflict),
             invalid_injected: workload.count(Kind::Invalid),
+            hostile_injected: workload.hostile_reasons(),
             ..Self::default()
         }
     }
 
-    /// Adds one instance's message counts by outcome.
+    /// Adds one instance's message counts by outcome, stalled lanes and
+    /// refused replies.
     pub fn add_metrics(&mut self, exposition: &str) {
+        let sum = |name: &str| -> f64 {
+            exposition
+                .lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        self.stalled_lanes += sum("dedupq_stalled_lanes{");
+        self.replies_failed += sum("dedupq_replies_failed_total{");
         for line in exposition
             .lines()
             .filter(|l| l.starts_with("dedupq_messages_total{"))
@@ -105,6 +124,35 @@ impl Report {
                 self.check.missing.len(),
                 &self.check.missing[..self.check.missing.len().min(5)]
             ));
+        }
+        for (what, list) in [
+            ("stored failed but charged", &self.check.failed_but_charged),
+            (
+                "stored done but not charged",
+                &self.check.done_but_not_charged,
+            ),
+        ] {
+            if !list.is_empty() {
+                v.push(format!(
+                    "{} payments {what}, e.g. {:?}",
+                    list.len(),
+                    &list[..list.len().min(5)]
+                ));
+            }
+        }
+        for (reason, injected) in &self.hostile_injected {
+            let dead = self.dead_letters(reason);
+            if dead < *injected {
+                v.push(format!(
+                    "{injected} hostile messages must be dead-lettered {reason}, found {dead}"
+                ));
+            }
+        }
+        if self.stalled_lanes > 0.0 {
+            v.push(format!("{} lanes stalled at the end", self.stalled_lanes));
+        }
+        for n in &self.not_ready {
+            v.push(format!("not ready at the end: {n}"));
         }
         if !self.check.unfinished.is_empty() {
             v.push(format!(
@@ -220,6 +268,29 @@ impl fmt::Display for Report {
         row(f, "missing charges", self.check.missing.len().to_string())?;
         row(
             f,
+            "stored failed but charged",
+            self.check.failed_but_charged.len().to_string(),
+        )?;
+        row(
+            f,
+            "stored done but not charged",
+            self.check.done_but_not_charged.len().to_string(),
+        )?;
+        row(
+            f,
+            "stored failed, not charged (provider agrees)",
+            self.check.failed_uncharged.to_string(),
+        )?;
+        row(
+            f,
+            "held unknown for an operator",
+            self.check.held.len().to_string(),
+        )?;
+        for h in &self.check.held {
+            writeln!(f, "    {h}")?;
+        }
+        row(
+            f,
             "repeats after an abandoned attempt (1)",
             self.check.repeated_after_abandoned_attempt.to_string(),
         )?;
@@ -248,6 +319,23 @@ impl fmt::Display for Report {
                 row(f, &format!("  {transport}: {reason}"), n.to_string())?;
             }
         }
+        for (reason, n) in &self.hostile_injected {
+            row(
+                f,
+                &format!("hostile input injected: {reason}"),
+                n.to_string(),
+            )?;
+        }
+        row(
+            f,
+            "replies refused by reply_to (counted, acked)",
+            format!("{:.0}", self.replies_failed),
+        )?;
+        row(
+            f,
+            "stalled lanes at the end",
+            format!("{:.0}", self.stalled_lanes),
+        )?;
         row(
             f,
             "offsets committed ahead of open messages",

@@ -58,9 +58,12 @@ impl Names {
     }
 }
 
-const BASE_KNOBS: &str = r#"{"latency": "5ms", "fail_rate": 0.0, "hang_after_charge_rate": 0.0}"#;
-
-fn dedupq_config(names: &Names, opts: &Options, provider: &str) -> anyhow::Result<toml::Table> {
+fn dedupq_config(
+    names: &Names,
+    opts: &Options,
+    provider: &str,
+    max_body_bytes: usize,
+) -> anyhow::Result<toml::Table> {
     let text = format!(
         r#"
 [store]
@@ -80,17 +83,22 @@ kind = "payment"
 url = "{provider}/charges"
 timeout = "2s"
 
+[identity]
+max_body_bytes = {max_body_bytes}
+
 [kafka]
 topics = ["{topic}"]
 brokers = "{brokers}"
 group_id = "{group}"
 create_topics = true
+stall_after = "20s"
 
 [amqp]
 queues = ["{queue}"]
 url = "{amqp}"
 dead_letter_exchange = "{dlx}"
 dead_letter_queue = "{dlq}"
+stall_after = "20s"
 
 [log]
 filter = "info"
@@ -150,7 +158,9 @@ async fn publish_all(
                 inflight.spawn(async move {
                     let at = kafka.publish(&msg).await?;
                     let derived = match (&msg.tenant, &msg.key, msg.kind) {
-                        (Some(t), Some(k), kind) if kind != Kind::Invalid => {
+                        (Some(t), Some(k), kind)
+                            if !matches!(kind, Kind::Invalid | Kind::Hostile) =>
+                        {
                             Some(format!("{t}:{k}"))
                         }
                         _ => None,
@@ -232,9 +242,9 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
             profile.provider_ignores_keys,
         )
         .await?;
-    let base_knobs: serde_json::Value = serde_json::from_str(BASE_KNOBS)?;
+    let base_knobs = profile.base_knobs.clone();
     set_knobs(&provider, &base_knobs).await;
-    let config = dedupq_config(&names, opts, &provider)?;
+    let config = dedupq_config(&names, opts, &provider, spec.max_body_bytes)?;
     for _ in 0..profile.processes {
         fleet.start_dedupq(config.clone()).await?;
     }
@@ -252,7 +262,8 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
 
     let published = Arc::new(Published::default());
     let kafka = KafkaPublisher::new(&opts.brokers, &names.topic)?;
-    let amqp = AmqpPublisher::new(&opts.amqp_url, &names.queue);
+    let mut amqp = AmqpPublisher::new(&opts.amqp_url, &names.queue);
+    amqp.declare_full_replies().await?;
     let started = Instant::now();
     let mut publisher = tokio::spawn(publish_all(
         workload.messages.clone(),
@@ -365,8 +376,11 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
             expected
                 .iter()
                 .filter(|e| {
-                    k.get(*e)
-                        .is_some_and(|s| s.status == "done" || s.status == "failed")
+                    k.get(*e).is_some_and(|s| {
+                        s.status == "done"
+                            || s.status == "failed"
+                            || (s.status == "unknown" && s.held)
+                    })
                 })
                 .count()
         });
@@ -422,6 +436,14 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
         if let Ok(r) = reqwest::get(format!("http://{addr}/metrics")).await {
             report.add_metrics(&r.text().await.unwrap_or_default());
         }
+        match reqwest::get(format!("http://{addr}/readyz")).await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => report.not_ready.push(format!(
+                "instance {i}: {}",
+                r.text().await.unwrap_or_default().trim()
+            )),
+            Err(e) => report.not_ready.push(format!("instance {i}: {e}")),
+        }
         report.metrics_urls.push(format!("http://{addr}/metrics"));
     }
     report.kills = fleet.kills.len();
@@ -432,9 +454,10 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
 
     let keys = verify::key_states(store.pool()).await?;
     let charges = verify::charges(&provider).await.unwrap_or_default();
+    let ledger = verify::ledger(&provider).await?;
     report.charges = charges.iter().filter(|c| c.state != "declined").count();
     let killed: Vec<u32> = fleet.kills.iter().map(|k| k.pid).collect();
-    report.check = verify::check_charges(&expected, &keys, &charges, &killed);
+    report.check = verify::check_charges(&expected, &keys, &charges, &ledger, &killed);
     let offsets = verify::committed_and_end(
         &opts.brokers,
         &names.topic,

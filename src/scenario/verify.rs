@@ -18,13 +18,20 @@ use std::time::Duration;
 pub struct KeyState {
     pub status: String,
     pub attempts: i32,
+    /// The charge the stored answer names (`"id": "ch_…"`).
     pub charge_id: Option<String>,
+    /// `unknown` after the last attempt: held for an operator.
+    pub held: bool,
 }
 
 pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyState>> {
-    let rows = sqlx::query("SELECT tenant, key, status, attempts, result_body FROM dedupq_keys")
-        .fetch_all(pool)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT tenant, key, status, attempts, result_body, \
+                (status = 'unknown' AND lease_until IS NULL) AS held \
+         FROM dedupq_keys",
+    )
+    .fetch_all(pool)
+    .await?;
     Ok(rows
         .iter()
         .map(|r| {
@@ -33,27 +40,31 @@ pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyStat
                 r.get::<String, _>("tenant"),
                 r.get::<String, _>("key")
             );
+            let body: Option<Vec<u8>> = r.get("result_body");
             (
                 derived,
                 KeyState {
                     status: r.get("status"),
                     attempts: r.get("attempts"),
-                    charge_id: charge_id(r.get("result_body")),
+                    charge_id: body.as_deref().and_then(charge_id),
+                    held: r.get("held"),
                 },
             )
         })
         .collect())
 }
 
-/// The charge id in a stored provider answer (bytes as the provider sent
-/// them), if the answer is JSON with an `id`.
-fn charge_id(body: Option<Vec<u8>>) -> Option<String> {
-    let v: Value = serde_json::from_slice(&body?).ok()?;
-    match &v["id"] {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
+/// The `"id"` a provider answer names. Answers are stored as the provider
+/// sent them, which need not be JSON (raw NUL, bytes that are not UTF-8):
+/// then the first `"id":"…"` in the bytes.
+pub fn charge_id(body: &[u8]) -> Option<String> {
+    if let Ok(v) = serde_json::from_slice::<Value>(body) {
+        return v.get("id")?.as_str().map(str::to_string);
     }
+    let marker = br#""id":""#;
+    let start = body.windows(marker.len()).position(|w| w == marker)? + marker.len();
+    let len = body[start..].iter().position(|b| *b == b'"')?;
+    String::from_utf8(body[start..start + len].to_vec()).ok()
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -70,6 +81,19 @@ impl ChargeRow {
     fn owner_pid(&self) -> Option<u32> {
         self.owner.as_deref()?.rsplit('-').nth(1)?.parse().ok()
     }
+}
+
+/// `GET /stats/keys`: charges that moved money, per idempotency key.
+pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, i64>> {
+    let keys: Vec<crate::provider::KeyCharges> = reqwest::get(format!("{provider}/stats/keys"))
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(keys
+        .into_iter()
+        .map(|k| (k.idempotency_key, k.charged))
+        .collect())
 }
 
 pub async fn charges(provider: &str) -> anyhow::Result<Vec<ChargeRow>> {
@@ -95,13 +119,24 @@ pub struct ChargeCheck {
     pub repeated_by_killed_process: usize,
     pub missing: Vec<String>,
     pub unfinished: Vec<String>,
+    /// Stored `failed` while the provider's ledger shows the charge.
+    pub failed_but_charged: Vec<String>,
+    /// Stored `done` with no charge in the provider's ledger.
+    pub done_but_not_charged: Vec<String>,
+    /// Stored `failed`, and the provider agrees (no charge).
+    pub failed_uncharged: usize,
+    /// Held `unknown` for an operator, each with the provider's charge
+    /// count: legitimate, never hidden.
+    pub held: Vec<String>,
 }
 
-/// `expected`: the derived keys (`tenant:key`) of every unique payment.
+/// `expected`: the derived keys (`tenant:key`) of every unique payment;
+/// `ledger`: the provider's charges that moved money, per derived key.
 pub fn check_charges(
     expected: &[String],
     keys: &HashMap<String, KeyState>,
     charges: &[ChargeRow],
+    ledger: &HashMap<String, i64>,
     killed: &[u32],
 ) -> ChargeCheck {
     let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
@@ -116,9 +151,34 @@ pub fn check_charges(
             out.missing.push(key.clone());
             continue;
         };
-        if state.status != "done" {
-            out.unfinished.push(format!("{key} ({})", state.status));
-            continue;
+        let charged = ledger.get(key).copied().unwrap_or(0);
+        match state.status.as_str() {
+            "done" if charged == 0 => {
+                out.done_but_not_charged.push(key.clone());
+                continue;
+            }
+            "done" => {}
+            "failed" if charged > 0 => {
+                out.failed_but_charged
+                    .push(format!("{key}: the provider charged it {charged} time(s)"));
+                continue;
+            }
+            "failed" => {
+                out.failed_uncharged += 1;
+                continue;
+            }
+            "unknown" if state.held => {
+                let says = match charged {
+                    0 => "the provider has no charge".to_string(),
+                    n => format!("the provider charged it {n} time(s)"),
+                };
+                out.held.push(format!("{key}: held unknown; {says}"));
+                continue;
+            }
+            other => {
+                out.unfinished.push(format!("{key} ({other})"));
+                continue;
+            }
         }
         let made = by_key.get(key.as_str()).cloned().unwrap_or_default();
         if made.is_empty() {
@@ -298,31 +358,144 @@ pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32
     Ok(out)
 }
 
-/// Dead letters in a RabbitMQ queue by reason header (drains it).
+/// Dead letters in a RabbitMQ queue by reason (drains it): the
+/// `dedupq-reason` header, or for what the broker dead-lettered itself the
+/// first `x-death` reason. Read through the management API, not lapin: the
+/// queue holds deliveries lapin cannot parse (non-UTF-8 properties), which
+/// would break its connection.
 pub async fn amqp_dead_letters(url: &str, queue: &str) -> anyhow::Result<BTreeMap<String, usize>> {
-    use lapin::options::{BasicAckOptions, BasicGetOptions};
-    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| anyhow::anyhow!("AMQP URL: {e}"))?;
+    let api = std::env::var("RABBITMQ_MANAGEMENT_URL")
+        .unwrap_or_else(|_| format!("http://{}:15672", uri.authority.host));
+    let vhost = if uri.vhost.is_empty() {
+        "/"
+    } else {
+        uri.vhost.as_str()
+    };
+    let user = &uri.authority.userinfo;
+    let messages: Vec<Value> = reqwest::Client::new()
+        .post(format!(
+            "{api}/api/queues/{}/{}/get",
+            url::form_urlencoded::byte_serialize(vhost.as_bytes()).collect::<String>(),
+            url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
+        ))
+        .basic_auth(&user.username, Some(&user.password))
+        .json(&serde_json::json!({
+            "count": 1_000_000,
+            "ackmode": "ack_requeue_false",
+            "encoding": "base64",
+            "truncate": 64
+        }))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?
+        .error_for_status()
+        .context("reading the dead-letter queue through the management API")?
+        .json()
+        .await?;
     let mut reasons = BTreeMap::new();
-    while let Ok(Some(msg)) = channel
-        .basic_get(queue.into(), BasicGetOptions { no_ack: false })
-        .await
-    {
-        let reason = msg
-            .delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get("dedupq-reason").cloned())
-            .map(|v| match v {
-                lapin::types::AMQPValue::LongString(s) => s.to_string(),
-                other => format!("{other:?}"),
-            })
-            .unwrap_or_else(|| "<no reason>".into());
-        *reasons.entry(reason).or_default() += 1;
-        msg.delivery.acker.ack(BasicAckOptions::default()).await?;
+    for m in &messages {
+        let headers = &m["properties"]["headers"];
+        let reason = headers["dedupq-reason"]
+            .as_str()
+            .or_else(|| headers["x-death"][0]["reason"].as_str())
+            .unwrap_or("<no reason>");
+        *reasons.entry(reason.to_string()).or_default() += 1;
     }
-    let _ = channel.close(200, "checked".into()).await;
-    let _ = conn.close(200, "checked".into()).await;
     Ok(reasons)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(status: &str, held: bool, charge: Option<&str>) -> KeyState {
+        KeyState {
+            status: status.into(),
+            attempts: 1,
+            charge_id: charge.map(str::to_string),
+            held,
+        }
+    }
+
+    fn charge(id: i64, key: &str) -> ChargeRow {
+        ChargeRow {
+            id,
+            idempotency_key: Some(key.into()),
+            attempt: Some(1),
+            owner: None,
+            state: "succeeded".into(),
+        }
+    }
+
+    #[test]
+    fn every_stored_outcome_is_held_against_the_providers_ledger() {
+        let expected: Vec<String> = [
+            "t:ok",
+            "t:failed-charged",
+            "t:failed",
+            "t:done-free",
+            "t:held-charged",
+            "t:held-free",
+            "t:open",
+            "t:absent",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let keys: HashMap<String, KeyState> = [
+            ("t:ok", key("done", false, Some("ch_1"))),
+            ("t:failed-charged", key("failed", false, None)),
+            ("t:failed", key("failed", false, None)),
+            ("t:done-free", key("done", false, Some("ch_9"))),
+            ("t:held-charged", key("unknown", true, None)),
+            ("t:held-free", key("unknown", true, None)),
+            ("t:open", key("in_progress", false, None)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let charges = vec![
+            charge(1, "t:ok"),
+            charge(2, "t:failed-charged"),
+            charge(3, "t:held-charged"),
+        ];
+        let ledger: HashMap<String, i64> =
+            [("t:ok", 1), ("t:failed-charged", 1), ("t:held-charged", 1)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+
+        let out = check_charges(&expected, &keys, &charges, &ledger, &[]);
+        assert_eq!(out.charged_keys, 1);
+        assert_eq!(out.failed_but_charged.len(), 1);
+        assert!(out.failed_but_charged[0].starts_with("t:failed-charged"));
+        assert_eq!(out.failed_uncharged, 1);
+        assert_eq!(out.done_but_not_charged, vec!["t:done-free".to_string()]);
+        assert_eq!(out.held.len(), 2);
+        assert!(out
+            .held
+            .iter()
+            .any(|h| h.starts_with("t:held-free") && h.contains("no charge")));
+        assert!(out
+            .held
+            .iter()
+            .any(|h| h.starts_with("t:held-charged") && h.contains("charged it 1")));
+        assert_eq!(out.unfinished, vec!["t:open (in_progress)".to_string()]);
+        assert_eq!(out.missing, vec!["t:absent".to_string()]);
+        assert!(out.double_charged.is_empty());
+    }
+
+    #[test]
+    fn the_charge_a_stored_answer_names_is_found_in_json_and_in_raw_bytes() {
+        assert_eq!(
+            charge_id(br#"{"id":"ch_7","note":"a\u0000b"}"#).as_deref(),
+            Some("ch_7")
+        );
+        assert_eq!(
+            charge_id(b"{\"id\":\"ch_8\",\"note\":\"before\x00\xff\xfeafter\"}").as_deref(),
+            Some("ch_8")
+        );
+        assert_eq!(charge_id(b"\xff\xfe"), None);
+    }
 }

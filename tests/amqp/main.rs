@@ -4,13 +4,16 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod ambiguous;
 mod crash;
 mod cross_transport;
 mod duplicates;
 mod in_flight;
 mod poison;
+mod refused_replies;
 mod secrets;
 mod topology;
+mod unreadable;
 
 use dedupq::engine::Engine;
 use dedupq::health::Component;

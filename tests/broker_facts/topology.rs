@@ -2,7 +2,8 @@
 //! removes leftovers), and a lapin consumer session like dedupq's.
 
 use crate::support::amqp::{amqp_url, Client};
-use crate::support::raw_amqp::{FieldValue, RawAmqp, RawDelivery, RawProperties};
+use crate::support::raw_amqp::RawDelivery;
+pub use crate::support::raw_amqp::{death_reason, take_all};
 use crate::support::unique;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -104,31 +105,6 @@ impl Limited {
     pub async fn dead_lettered(&self) -> Vec<RawDelivery> {
         take_all(&self.dead_letters).await
     }
-}
-
-/// Takes (acks) every message now in `queue`, every property as bytes.
-pub async fn take_all(queue: &str) -> Vec<RawDelivery> {
-    let mut raw = RawAmqp::connect(&amqp_url()).await.expect("raw connect");
-    let mut out = Vec::new();
-    while let Some(d) = raw.get(queue).await.expect("basic.get") {
-        out.push(d);
-    }
-    raw.close().await.expect("raw close");
-    out
-}
-
-/// The reason of the first `x-death` entry of a dead letter.
-pub fn death_reason(properties: &RawProperties) -> Option<Vec<u8>> {
-    let Some(FieldValue::Array(deaths)) = properties.header(b"x-death") else {
-        return None;
-    };
-    let Some(FieldValue::Table(first)) = deaths.first() else {
-        return None;
-    };
-    first.iter().find_map(|(k, v)| match (k.as_slice(), v) {
-        (b"reason", FieldValue::LongStr(r)) => Some(r.clone()),
-        _ => None,
-    })
 }
 
 /// A lapin connection with one channel consuming one queue.

@@ -8,6 +8,7 @@ mod concurrency;
 mod conflicts;
 mod failures;
 mod invalid_input;
+mod odd_answers;
 mod renewal;
 mod retention;
 mod takeover;

@@ -27,3 +27,37 @@ pub fn effects(calls: &[crate::support::handlers::Call]) -> (usize, usize) {
     let keys: BTreeSet<&str> = calls.iter().map(|c| c.derived_key.as_str()).collect();
     (keys.len(), calls.len())
 }
+
+/// `base` plus a `[kafka]` section consuming `topic` as `group`, with
+/// short test timers; `extra` is more TOML for that section.
+pub fn with_kafka(base: &toml::Table, topic: &str, group: &str, extra: &str) -> toml::Table {
+    let kafka: toml::Table = format!(
+        r#"
+topics = ["{topic}"]
+brokers = "{brokers}"
+group_id = "{group}"
+commit_interval = "200ms"
+session_timeout = "6s"
+stats_interval = "1s"
+{extra}
+"#,
+        brokers = crate::support::kafka::brokers()
+    )
+    .parse()
+    .expect("kafka section");
+    let mut config = base.clone();
+    config.insert("kafka".into(), toml::Value::Table(kafka));
+    config
+}
+
+/// The value of the first header called `name` in a raw record.
+pub fn raw_header<'a>(r: &'a crate::support::kafka_raw::RawRecord, name: &str) -> Option<&'a [u8]> {
+    r.headers
+        .iter()
+        .find(|(n, _)| n.as_slice() == name.as_bytes())
+        .and_then(|(_, v)| v.as_deref())
+}
+
+pub fn raw_header_str(r: &crate::support::kafka_raw::RawRecord, name: &str) -> String {
+    String::from_utf8_lossy(raw_header(r, name).unwrap_or_default()).into_owned()
+}

@@ -1,7 +1,7 @@
 //! The real `dedupq` binary, killed with SIGKILL at the worst moments,
 //! against the provider simulator that counts charges.
 
-use crate::common::{body, TENANT};
+use crate::common::{body, with_kafka, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
@@ -12,21 +12,8 @@ use std::time::Duration;
 
 /// `base_config` plus a `[kafka]` section for `topic` and `group`.
 fn config(base: &toml::Table, topic: &str, group: &str, commit_interval: &str) -> toml::Table {
-    let kafka: toml::Table = format!(
-        r#"
-topics = ["{topic}"]
-brokers = "{brokers}"
-group_id = "{group}"
-commit_interval = "{commit_interval}"
-session_timeout = "6s"
-stats_interval = "1s"
-"#,
-        brokers = kafka::brokers()
-    )
-    .parse()
-    .expect("kafka section");
-    let mut config = base.clone();
-    config.insert("kafka".into(), toml::Value::Table(kafka));
+    let mut config = with_kafka(base, topic, group, "");
+    config["kafka"]["commit_interval"] = commit_interval.into();
     config
 }
 

@@ -8,8 +8,13 @@ mod support;
 
 mod common;
 mod crashes;
+mod dead_letter_fit;
 mod dead_letters;
 mod duplicates;
+mod poison;
 mod rebalance;
 mod replies;
 mod retries;
+mod shutdown;
+mod stalls;
+mod startup_topics;

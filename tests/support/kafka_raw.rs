@@ -91,6 +91,9 @@ fn produce_blocking(
         .set("bootstrap.servers", brokers())
         .set("acks", "all")
         .set("enable.idempotence", "true")
+        // The broker's default limit (1 MiB + 12) rather than the client's
+        // 1,000,000: tests produce records up to what a broker accepts.
+        .set("message.max.bytes", "1048588")
         .create_with_context(Reports::default())
         .expect("raw producer");
     let topic_c = CString::new(topic).expect("topic name without NUL");

@@ -88,6 +88,26 @@ impl Dedupq {
         me
     }
 
+    /// Runs `dedupq run` with `config` and waits up to `limit` for it to
+    /// exit by itself (a start-up refusal); returns its exit code (None:
+    /// still running at the limit, then killed) and its output.
+    pub async fn run_to_exit(config: &toml::Table, limit: Duration) -> (Option<i32>, String) {
+        let mut me = Self::launch(config, &[]);
+        let deadline = tokio::time::Instant::now() + limit;
+        let code = loop {
+            if let Some(status) = me.exit_status() {
+                break Some(status.code().unwrap_or(-1));
+            }
+            if tokio::time::Instant::now() > deadline {
+                me.kill();
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        me.child = None;
+        (code, me.log())
+    }
+
     /// Waits until /readyz answers 200; Err with the log if the process
     /// exits first or the limit passes.
     pub async fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
@@ -220,6 +240,45 @@ impl Dedupq {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Whether the process is still running (false once it exited, or was
+    /// killed by the test).
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// SIGTERM, then waits up to `limit` for the process to exit; returns
+    /// how long it took (None: still running at the limit, then SIGKILLed).
+    pub async fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let mut child = self.child.take()?;
+        let started = tokio::time::Instant::now();
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill -TERM");
+        assert!(sent.success(), "kill -TERM {}", child.id());
+        while started.elapsed() < limit {
+            if child.try_wait().ok().flatten().is_some() {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// `/readyz`: whether it answered 200, and its body.
+    pub async fn readyz(&self) -> (bool, String) {
+        let r = reqwest::get(format!("http://{}/readyz", self.http))
+            .await
+            .expect("GET /readyz");
+        let ok = r.status().is_success();
+        (ok, r.text().await.expect("readyz body"))
     }
 
     /// Starts the same configuration again (same port, same log).

@@ -82,3 +82,22 @@ pub async fn delete_policy(name: &str) {
         .send()
         .await;
 }
+
+/// `GET /api/connections`: the open connections whose client-given name is
+/// `name`, each as the API describes it (`connected_at` tells one
+/// connection from a later one).
+pub async fn connections_named(name: &str) -> Vec<serde_json::Value> {
+    let all: Vec<serde_json::Value> = client()
+        .get(format!("{}/api/connections", api()))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("management API: connections")
+        .json()
+        .await
+        .expect("connections JSON");
+    all.into_iter()
+        .filter(|c| c["client_properties"]["connection_name"] == name)
+        .collect()
+}

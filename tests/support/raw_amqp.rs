@@ -298,3 +298,30 @@ impl RawAmqp {
         Ok(args)
     }
 }
+
+/// Takes (acks) every message now in `queue`, every property as bytes.
+pub async fn take_all(queue: &str) -> Vec<RawDelivery> {
+    let mut raw = RawAmqp::connect(&super::amqp::amqp_url())
+        .await
+        .expect("raw connect");
+    let mut out = Vec::new();
+    while let Some(d) = raw.get(queue).await.expect("basic.get") {
+        out.push(d);
+    }
+    raw.close().await.expect("raw close");
+    out
+}
+
+/// The reason of the first `x-death` entry of a dead letter.
+pub fn death_reason(properties: &RawProperties) -> Option<Vec<u8>> {
+    let Some(FieldValue::Array(deaths)) = properties.header(b"x-death") else {
+        return None;
+    };
+    let Some(FieldValue::Table(first)) = deaths.first() else {
+        return None;
+    };
+    first.iter().find_map(|(k, v)| match (k.as_slice(), v) {
+        (b"reason", FieldValue::LongStr(r)) => Some(r.clone()),
+        _ => None,
+    })
+}

@@ -20,6 +20,8 @@ struct State {
     queues: HashMap<String, Queue>,
     /// Since when no session stayed up long enough to ack anything.
     failing_since: Option<(Instant, String)>,
+    /// When the current session started consuming (None: no session).
+    up_since: Option<Instant>,
 }
 
 struct Queue {
@@ -59,9 +61,15 @@ impl Progress {
         }
     }
 
+    /// A session started consuming.
+    pub fn session_up(&self) {
+        self.lock().up_since = Some(Instant::now());
+    }
+
     /// A session ended with `error`.
     pub fn session_failed(&self, error: &str) {
         let mut s = self.lock();
+        s.up_since = None;
         s.failing_since
             .get_or_insert_with(|| (Instant::now(), String::new()))
             .1 = error.to_string();
@@ -72,8 +80,15 @@ impl Progress {
 
     /// The stalled queues, each with why.
     pub fn stalled(&self, queues: &[String], after: Duration) -> Vec<String> {
-        let s = self.lock();
+        let mut s = self.lock();
         let now = Instant::now();
+        // A session that has lasted `after` ends the failing stretch, even
+        // with nothing to ack (an empty queue once the poison is gone).
+        if s.up_since
+            .is_some_and(|up| now.saturating_duration_since(up) >= after)
+        {
+            s.failing_since = None;
+        }
         let mut out = Vec::new();
         if let Some((since, error)) = &s.failing_since {
             let failing = now.saturating_duration_since(*since);
@@ -141,5 +156,24 @@ mod tests {
         let stalled = p.stalled(&queues, Duration::from_secs(60));
         assert_eq!(stalled.len(), 2);
         assert!(stalled[0].contains("frame error"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_that_lasts_ends_the_failing_stretch_with_nothing_to_ack() {
+        let p = Progress::default();
+        let queues = vec!["q".to_string()];
+        let after = Duration::from_secs(60);
+        p.session_failed("frame error");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        p.session_up();
+        assert_eq!(p.stalled(&queues, after).len(), 1, "just started");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(
+            p.stalled(&queues, after).is_empty(),
+            "lasted, nothing in hand"
+        );
+        p.session_failed("frame error");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(p.stalled(&queues, after).len(), 1, "failing again");
     }
 }

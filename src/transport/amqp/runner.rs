@@ -148,6 +148,7 @@ impl Session {
             workers.push(worker);
         }
         self.mark(true);
+        self.progress.session_up();
         *established = true;
         tracing::info!(queues = ?self.settings.queues, url = %self.settings.url, "consuming from RabbitMQ");
 

@@ -89,14 +89,16 @@ impl Lanes {
             q.paused = true;
             flow.pause.push(q.lane.tp.clone());
         }
-        if !self.over_bytes && self.bytes > self.max_bytes {
+        if self.bytes > self.max_bytes {
             self.over_bytes = true;
-            flow.pause.extend(
-                self.lanes
-                    .values()
-                    .filter(|q| !q.paused)
-                    .map(|q| q.lane.tp.clone()),
-            );
+        }
+        if self.over_bytes {
+            // Marked paused, so that falling below half the bound resumes
+            // them; a partition first seen while over the bound pauses too.
+            for q in self.lanes.values_mut().filter(|q| !q.paused) {
+                q.paused = true;
+                flow.pause.push(q.lane.tp.clone());
+            }
         }
         flow
     }
@@ -223,5 +225,118 @@ fn new_queue(lane: &Lane) -> Queue {
         blocked_until: None,
         paused: false,
         progress_at: Instant::now(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Incoming, Source};
+
+    fn lane(partition: i32) -> Lane {
+        Lane {
+            tp: Tp {
+                topic: "t".into(),
+                partition,
+            },
+            generation: 1,
+        }
+    }
+
+    fn held(partition: i32, offset: i64, body_len: usize) -> Held {
+        let source = Source::Kafka {
+            topic: "t".into(),
+            partition,
+            offset,
+        };
+        Held {
+            lane: lane(partition),
+            offset,
+            key: None,
+            incoming: Incoming::new(source, vec![b'x'; body_len]),
+        }
+    }
+
+    #[test]
+    fn the_buffer_pauses_every_partition_past_its_byte_bound_and_resumes_them_below_half() {
+        let mut lanes = Lanes::new(10_000, 10_000);
+        assert_eq!(lanes.push(held(0, 0, 3000)), Flow::default());
+        assert_eq!(lanes.push(held(1, 0, 3000)), Flow::default());
+        let over = lanes.push(held(0, 1, 5000));
+        let mut paused = over.pause.clone();
+        paused.sort();
+        assert_eq!(
+            paused,
+            vec![lane(0).tp, lane(1).tp],
+            "both partitions pause"
+        );
+        assert!(lanes.bytes() > 10_000);
+
+        let batch = lanes.take_batch(Instant::now(), 100);
+        assert_eq!(batch.len(), 3);
+        let mut first = lanes.finished(&lane(0), Vec::new(), Duration::ZERO).resume;
+        first.sort();
+        assert_eq!(
+            first,
+            vec![lane(0).tp, lane(1).tp],
+            "partition 1 still holds 3 kB, below half the bound: both fetch again"
+        );
+        let second = lanes.finished(&lane(1), Vec::new(), Duration::ZERO);
+        assert_eq!(lanes.bytes(), 0);
+        assert!(second.resume.is_empty(), "{second:?}");
+    }
+
+    #[test]
+    fn a_partition_first_seen_while_over_the_byte_bound_is_paused_too() {
+        let mut lanes = Lanes::new(10_000, 1000);
+        lanes.push(held(0, 0, 2000));
+        let late = lanes.push(held(7, 0, 10));
+        assert_eq!(late.pause, vec![lane(7).tp]);
+        lanes.take_batch(Instant::now(), 100);
+        let mut resumed = lanes.finished(&lane(0), Vec::new(), Duration::ZERO).resume;
+        resumed.sort();
+        assert_eq!(resumed, vec![lane(0).tp, lane(7).tp]);
+    }
+
+    #[test]
+    fn retries_keep_their_bytes_and_a_message_bigger_than_the_bound_still_flows() {
+        let mut lanes = Lanes::new(10_000, 1000);
+        let flow = lanes.push(held(0, 0, 5000));
+        assert_eq!(flow.pause, vec![lane(0).tp]);
+        let batch = lanes.take_batch(Instant::now(), 100);
+        assert_eq!(
+            batch.len(),
+            1,
+            "a paused partition's buffered message is still taken"
+        );
+        let retried = lanes.finished(&lane(0), batch, Duration::ZERO);
+        assert!(retried.resume.is_empty(), "still over: {retried:?}");
+        assert!(lanes.bytes() > 5000, "the retried message is still held");
+        let again = lanes.take_batch(Instant::now(), 100);
+        assert_eq!(again.len(), 1);
+        let done = lanes.finished(&lane(0), Vec::new(), Duration::ZERO);
+        assert_eq!(done.resume, vec![lane(0).tp]);
+        assert_eq!(lanes.bytes(), 0);
+    }
+
+    #[test]
+    fn a_partition_with_waiting_messages_and_no_outcome_is_stalled_until_one_lands() {
+        let mut lanes = Lanes::new(10_000, 1_000_000);
+        let start = Instant::now();
+        lanes.push(held(3, 0, 10));
+        let after = Duration::from_secs(60);
+        assert!(lanes.stalled(start, after).is_empty());
+        let batch = lanes.take_batch(start, 10);
+        lanes.finished(&lane(3), batch, Duration::ZERO);
+        let later = Instant::now() + Duration::from_secs(61);
+        assert_eq!(
+            lanes.stalled(later, after).len(),
+            1,
+            "a retry is no progress"
+        );
+        let batch = lanes.take_batch(Instant::now(), 10);
+        assert_eq!(batch.len(), 1);
+        lanes.finished(&lane(3), Vec::new(), Duration::ZERO);
+        assert!(lanes.stalled(later, after).is_empty(), "nothing waits");
     }
 }

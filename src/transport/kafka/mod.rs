@@ -20,6 +20,7 @@ mod reply;
 pub use crate::config::KafkaSettings;
 pub use admin::topic_retention;
 pub use error::{KafkaError, ProduceError};
+pub use outbox::raw_headers;
 
 use crate::engine::Pipeline;
 use crate::health::Health;

@@ -111,7 +111,7 @@ fn to_future_record(r: &Record) -> FutureRecord<'_, [u8], [u8]> {
 
 /// Headers with byte names, through librdkafka's own API (rdkafka's safe
 /// one only takes `&str` names).
-fn raw_headers(headers: &[Header]) -> OwnedHeaders {
+pub fn raw_headers(headers: &[Header]) -> OwnedHeaders {
     let owned = OwnedHeaders::new_with_capacity(headers.len());
     let ptr = owned.as_borrowed() as *const BorrowedHeaders as *mut rd::rd_kafka_headers_t;
     for h in headers {
