@@ -91,7 +91,7 @@ impl Hostile {
             Hostile::AmqpBadMessageId | Hostile::AmqpBadHeaderName | Hostile::AmqpTwoTenants => {
                 Route::Amqp
             }
-            Hostile::RepeatedMember | Hostile::TooLarge if i % 2 == 0 => Route::Kafka,
+            Hostile::RepeatedMember | Hostile::TooLarge if i.is_multiple_of(2) => Route::Kafka,
             Hostile::RepeatedMember | Hostile::TooLarge => Route::Amqp,
         }
     }
