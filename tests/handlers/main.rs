@@ -8,6 +8,7 @@ mod config_faults;
 mod derived_keys;
 mod exact_request;
 mod first_request;
+mod forwarder;
 mod lookup;
 mod provider_faults;
 mod provider_latency;
@@ -18,6 +19,7 @@ mod simulator_bodies;
 mod simulator_ledger;
 mod simulator_running;
 mod simulator_start;
+mod tls_target;
 mod unknown_outcomes;
 
 use dedupq::engine::{Decision, Engine, Outcome};
