@@ -3,7 +3,9 @@
 //! and samples the `dedupq_keys` gauges. Leadership is a PostgreSQL session
 //! advisory lock held on a connection of its own: when the leader dies, its
 //! session ends, the lock is free, and a standby takes it within
-//! `STANDBY_RETRY`.
+//! `STANDBY_RETRY`. Every replica announces its `retention.keep` on that
+//! connection, and the leader purges with the longest one announced, so a
+//! replica with a short keep never purges keys another one still needs.
 
 use crate::config::RetentionSettings;
 use crate::health::{Component, Health};
@@ -77,7 +79,7 @@ async fn lead_when_elected(
             _ = shutdown.cancelled() => return,
             _ = standby.tick() => {}
         }
-        match try_lock(store, &mut conn).await {
+        match try_lock(store, &mut conn, retention.keep).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -97,10 +99,17 @@ async fn lead_when_elected(
     }
 }
 
-/// Tries to take the lock, on the standby connection if it still lives.
-async fn try_lock(store: &Store, conn: &mut Option<PgConnection>) -> Result<bool, StoreError> {
+/// Tries to take the lock, on the standby connection if it still lives
+/// (a new one announces this replica's keep first).
+async fn try_lock(
+    store: &Store,
+    conn: &mut Option<PgConnection>,
+    keep: Duration,
+) -> Result<bool, StoreError> {
     if conn.is_none() {
-        *conn = Some(store.dedicated_connection().await?);
+        let mut fresh = store.dedicated_connection().await?;
+        Store::announce_keep(&mut fresh, keep).await?;
+        *conn = Some(fresh);
     }
     let c = conn.as_mut().expect("connected just above");
     if cfg!(feature = "broken-no-upkeep-lock") {
@@ -124,6 +133,7 @@ async fn lead(
     let mut count_open = interval(COUNT_OPEN_EVERY);
     let mut count_finished = interval(COUNT_FINISHED_EVERY);
     let mut purge = interval(retention.purge_every);
+    let mut keep = retention.keep;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -143,13 +153,44 @@ async fn lead(
             }
             _ = count_open.tick() => record_counts(store.count_open().await, metrics),
             _ = count_finished.tick() => record_counts(store.count_finished().await, metrics),
-            _ = purge.tick() => purge_once(store, retention, metrics).await,
+            _ = purge.tick() => {
+                let Some(longest) = keep_announced(&mut conn, retention.keep, keep).await else {
+                    continue;
+                };
+                keep = longest;
+                purge_once(store, keep, retention.purge_batch, metrics).await;
+            }
         }
     }
 }
 
-async fn purge_once(store: &Store, retention: &RetentionSettings, metrics: &Metrics) {
-    match store.purge(retention.keep, retention.purge_batch).await {
+/// The keep to purge with: this replica's, or a longer one another live
+/// replica announced. None (skip this purge) when the announcements cannot
+/// be read: purging with this replica's keep alone could be too short.
+async fn keep_announced(
+    conn: &mut PgConnection,
+    own: Duration,
+    last: Duration,
+) -> Option<Duration> {
+    let keep = match Store::longest_announced_keep(conn).await {
+        Ok(announced) => announced.map_or(own, |a| a.max(own)),
+        Err(e) => {
+            tracing::warn!(error = %chain(&e), "reading the replicas' retention failed; purge skipped");
+            return None;
+        }
+    };
+    if keep != last {
+        tracing::info!(
+            keep = %humantime::format_duration(keep),
+            own = %humantime::format_duration(own),
+            "retention: purging keys older than the longest retention.keep of the live replicas"
+        );
+    }
+    Some(keep)
+}
+
+async fn purge_once(store: &Store, keep: Duration, batch: i64, metrics: &Metrics) {
+    match store.purge(keep, batch).await {
         Ok(0) => {}
         Ok(n) => {
             metrics.keys_purged.inc_by(n);

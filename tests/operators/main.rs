@@ -15,4 +15,5 @@ mod logs;
 mod metrics_endpoint;
 mod readme;
 mod release_live_lease;
+mod retention_horizons;
 mod upkeep_leader;
