@@ -144,3 +144,44 @@ async fn rows_stored_under_version_1_still_compare_as_version_1() {
     assert_eq!(provider.stats().await.charges, 0, "neither ran again");
     pipeline.stop().await;
 }
+
+/// An open version-1 row (its outcome unknown, its lease over) meets a
+/// version-2 message with another body under the same key: another
+/// payment, so a conflict — never a takeover that runs the first request
+/// and answers the second message with its outcome.
+#[tokio::test]
+async fn an_open_version_1_row_is_not_taken_over_by_another_body() {
+    let (store, _) = isolated_store().await;
+    let unknown = dedupq::handler::HandlerOutcome::Unknown {
+        error: "no answer".into(),
+    };
+    let old = Engine::new(
+        store.clone(),
+        Arc::new(support::handlers::Recording::scripted(vec![unknown])),
+        Parser::new(&identity_with(1)),
+        support::fast_options(),
+        Metrics::new(),
+        CancellationToken::new(),
+    );
+    let first = old
+        .process(&[support::message("acme", "v1-open", r#"{"amount": 12}"#)])
+        .await
+        .unwrap();
+    assert_eq!(first[0].outcome, Outcome::Unknown);
+
+    let handler = Arc::new(support::handlers::Recording::default());
+    let new = Engine::new(
+        store.clone(),
+        handler.clone(),
+        Parser::new(&identity_with(2)),
+        support::fast_options(),
+        Metrics::new(),
+        CancellationToken::new(),
+    );
+    let other = new
+        .process(&[support::message("acme", "v1-open", r#"{"amount": 13}"#)])
+        .await
+        .unwrap();
+    assert_eq!(other[0].outcome, Outcome::Conflict);
+    assert_eq!(handler.count(), 0);
+}
