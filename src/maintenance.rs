@@ -172,6 +172,10 @@ async fn keep_announced(
     own: Duration,
     last: Duration,
 ) -> Option<Duration> {
+    if cfg!(feature = "broken-own-keep-only") {
+        // Test-only: every leader purges with its own keep.
+        return Some(own);
+    }
     let keep = match Store::longest_announced_keep(conn).await {
         Ok(announced) => announced.map_or(own, |a| a.max(own)),
         Err(e) => {

@@ -122,7 +122,13 @@ async fn announced(store: &Store) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_with_different_keeps_purge_with_the_longest_one_alive() {
     let (store, settings) = isolated_store().await;
-    let _short = replica(&settings, "2h").await;
+    // The short-keep replica leads (a leader that purged with its own keep
+    // would take every key below).
+    let short = replica(&settings, "2h").await;
+    eventually(WAIT, "the short-keep replica leads", || async {
+        (short.metric("dedupq_upkeep_leader").await == 1.0).then_some(())
+    })
+    .await;
     let mut long = replica(&settings, "48h").await;
     eventually(WAIT, "both replicas announced their keep", || async {
         (announced(&store).await == 2).then_some(())
