@@ -224,3 +224,34 @@ async fn without_the_client_certificate_or_the_ca_nothing_reaches_the_target() {
     }
     assert!(target.received().is_empty(), "{:?}", target.received());
 }
+
+/// The README's example of the forwarder's settings is a valid
+/// configuration, and a static header whose variable is missing stops
+/// start-up naming the setting, the header and the variable.
+#[test]
+fn the_readme_forwarder_example_parses_and_a_missing_secret_names_its_source() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let example = crate::support::fenced_blocks(&readme, "toml")
+        .into_iter()
+        .find(|b| b.contains("[handler.headers]") && !b.contains("[store]"))
+        .expect("the forwarder example");
+    let settings: dedupq::config::Settings = toml::from_str(&example).expect("valid settings");
+    assert_eq!(settings.handler.routes.len(), 2);
+    assert_eq!(settings.handler.headers.len(), 3);
+
+    let mut handler = settings.handler.clone();
+    handler.ca_file = None;
+    handler.client_identity_file = None;
+    handler.headers.remove("Authorization");
+    let missing = HttpHandler::new(&handler)
+        .err()
+        .expect("PROVIDER_API_KEY is not set");
+    let text = missing.to_string();
+    assert!(
+        text.contains("handler.headers")
+            && text.contains("X-Api-Key")
+            && text.contains("PROVIDER_API_KEY"),
+        "{text}"
+    );
+}
