@@ -5,7 +5,8 @@
 //! provider says (duplicates replay it); `keys release` gives the key one
 //! more attempt with its first request and derived key.
 
-use crate::support::payments::{identity, KafkaPayments, Setup};
+use crate::support::amqp::Msg;
+use crate::support::payments::{identity, AmqpPayments, KafkaPayments, Setup, WAIT};
 use crate::support::process::Provider;
 use crate::support::{cli, http_handler};
 use dedupq::provider::{Compare, Knobs};
@@ -189,5 +190,46 @@ async fn an_unknown_key_left_open_to_takeover_is_caught_charging_twice() {
         2,
         "the duplicate ran the payment again"
     );
+    pipeline.stop().await;
+}
+
+/// Through RabbitMQ: a duplicate of a held key is answered `unknown` on
+/// its `reply_to`, acked (nothing left in the queues) and never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_rabbitmq_a_duplicate_of_a_held_key_is_acked_and_answered_unknown() {
+    let provider = Provider::start(Knobs {
+        hang_after_charge_next: 1,
+        ..Knobs::default()
+    })
+    .await;
+    let mut setup = Setup::new(http_handler(
+        &provider.charges_url(),
+        Duration::from_millis(700),
+    ));
+    setup.max_attempts = 1;
+    let pipeline = AmqpPayments::start(setup).await;
+    pipeline.send("held-a", BODY_1, None).await;
+    let dead = pipeline.dead_letters(1).await;
+    assert_eq!(
+        dead[0].header("dedupq-reason").as_deref(),
+        Some("outcome_unknown")
+    );
+    provider.forget_keys().await;
+
+    let replies = pipeline.client.reply_queue().await;
+    let duplicate = Msg::new("acme", "held-a", std::str::from_utf8(BODY_1).unwrap())
+        .reply_to(&replies, "corr-1");
+    pipeline.client.publish(pipeline.queue(), &duplicate).await;
+    let answer = pipeline
+        .client
+        .expect_exactly(&replies, 1, WAIT)
+        .await
+        .remove(0);
+
+    assert_eq!(answer.correlation_id.as_deref(), Some("corr-1"));
+    assert_eq!(answer.json()["status"], "unknown");
+    assert_eq!(pipeline.outcomes("unknown"), 2, "held, then answered");
+    assert_eq!(pipeline.client.ready(pipeline.queue()).await, 0, "acked");
+    assert_eq!(provider.stats().await.charges, 1, "never ran again");
     pipeline.stop().await;
 }
