@@ -20,6 +20,16 @@ const BODY_2: &[u8] = br#"{"amount":200,"currency":"EUR","sent_at":"10:00"}"#;
 /// A copy of BODY_2 re-published later: only the excluded field differs.
 const BODY_2_LATER: &[u8] = br#"{"amount":200,"currency":"EUR","sent_at":"10:05"}"#;
 
+/// A pipeline whose one allowed attempt gives up after 700 ms.
+fn one_attempt(provider: &Provider) -> Setup {
+    let mut setup = Setup::new(http_handler(
+        &provider.charges_url(),
+        Duration::from_millis(700),
+    ));
+    setup.max_attempts = 1;
+    setup
+}
+
 /// Two payments whose only attempt charged and never answered: both held
 /// unknown and dead-lettered. Then the provider forgets its keys.
 async fn two_held_payments() -> (KafkaPayments, Provider) {
@@ -29,11 +39,7 @@ async fn two_held_payments() -> (KafkaPayments, Provider) {
         ..Knobs::default()
     })
     .await;
-    let mut setup = Setup::new(http_handler(
-        &provider.charges_url(),
-        Duration::from_millis(700),
-    ));
-    setup.max_attempts = 1;
+    let mut setup = one_attempt(&provider);
     setup.reply_topic = true;
     let pipeline = KafkaPayments::start(setup).await;
     pipeline.send("held-1", BODY_1, &[]).await;
@@ -202,12 +208,7 @@ async fn through_rabbitmq_a_duplicate_of_a_held_key_is_acked_and_answered_unknow
         ..Knobs::default()
     })
     .await;
-    let mut setup = Setup::new(http_handler(
-        &provider.charges_url(),
-        Duration::from_millis(700),
-    ));
-    setup.max_attempts = 1;
-    let pipeline = AmqpPayments::start(setup).await;
+    let pipeline = AmqpPayments::start(one_attempt(&provider)).await;
     pipeline.send("held-a", BODY_1, None).await;
     let dead = pipeline.dead_letters(1).await;
     assert_eq!(
