@@ -153,48 +153,41 @@ async fn lead(
             }
             _ = count_open.tick() => record_counts(store.count_open().await, metrics),
             _ = count_finished.tick() => record_counts(store.count_finished().await, metrics),
-            _ = purge.tick() => {
-                let Some(longest) = keep_announced(&mut conn, retention.keep, keep).await else {
-                    continue;
-                };
-                keep = longest;
-                purge_once(store, keep, retention.purge_batch, metrics).await;
-            }
+            _ = purge.tick() => purge_once(store, &mut conn, retention, &mut keep, metrics).await,
         }
     }
 }
 
-/// The keep to purge with: this replica's, or a longer one another live
-/// replica announced. None (skip this purge) when the announcements cannot
-/// be read: purging with this replica's keep alone could be too short.
-async fn keep_announced(
+/// Purges with the longest keep a live replica announces (this one's
+/// included). If the announcements cannot be read, nothing is purged:
+/// this replica's keep alone could be too short for another one.
+async fn purge_once(
+    store: &Store,
     conn: &mut PgConnection,
-    own: Duration,
-    last: Duration,
-) -> Option<Duration> {
-    if cfg!(feature = "broken-own-keep-only") {
-        // Test-only: every leader purges with its own keep.
-        return Some(own);
-    }
-    let keep = match Store::longest_announced_keep(conn).await {
-        Ok(announced) => announced.map_or(own, |a| a.max(own)),
-        Err(e) => {
-            tracing::warn!(error = %chain(&e), "reading the replicas' retention failed; purge skipped");
-            return None;
-        }
+    retention: &RetentionSettings,
+    keep: &mut Duration,
+    metrics: &Metrics,
+) {
+    let Ok(announced) = timeout(LOCK_CHECK_TIMEOUT, longest_keep(conn, retention.keep)).await
+    else {
+        tracing::warn!("retention purge skipped: the upkeep connection stopped answering");
+        return;
     };
-    if keep != last {
-        tracing::info!(
-            keep = %humantime::format_duration(keep),
-            own = %humantime::format_duration(own),
-            "retention: purging keys older than the longest retention.keep of the live replicas"
-        );
-    }
-    Some(keep)
-}
-
-async fn purge_once(store: &Store, keep: Duration, batch: i64, metrics: &Metrics) {
-    match store.purge(keep, batch).await {
+    let purged = match announced {
+        Ok(longest) => {
+            if longest != *keep {
+                tracing::info!(
+                    keep = %humantime::format_duration(longest),
+                    own = %humantime::format_duration(retention.keep),
+                    "retention: purging keys older than the longest retention.keep of the live replicas"
+                );
+                *keep = longest;
+            }
+            store.purge(longest, retention.purge_batch).await
+        }
+        Err(e) => Err(e),
+    };
+    match purged {
         Ok(0) => {}
         Ok(n) => {
             metrics.keys_purged.inc_by(n);
@@ -205,6 +198,15 @@ async fn purge_once(store: &Store, keep: Duration, batch: i64, metrics: &Metrics
             tracing::warn!(error = %chain(&e), "retention purge failed");
         }
     }
+}
+
+async fn longest_keep(conn: &mut PgConnection, own: Duration) -> Result<Duration, StoreError> {
+    if cfg!(feature = "broken-own-keep-only") {
+        // Test-only: every leader purges with its own keep.
+        return Ok(own);
+    }
+    let announced = Store::longest_announced_keep(conn).await?;
+    Ok(announced.map_or(own, |a| a.max(own)))
 }
 
 fn record_counts(counts: Result<Vec<(KeyStatus, i64)>, StoreError>, metrics: &Metrics) {
