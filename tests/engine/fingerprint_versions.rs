@@ -185,3 +185,37 @@ async fn an_open_version_1_row_is_not_taken_over_by_another_body() {
     assert_eq!(other[0].outcome, Outcome::Conflict);
     assert_eq!(handler.count(), 0);
 }
+
+/// Exponents are part of the exact value up to 10^9 (`10e999999999` is
+/// `1e1000000000`, and neither is `1`); a number beyond that is refused
+/// as invalid input, never claimed, never merged with another amount.
+#[tokio::test]
+async fn amounts_with_large_exponents_compare_exactly_and_beyond_the_limit_are_refused() {
+    let (store, _) = isolated_store().await;
+    let engine = engine_with(&store, 2);
+    let amount = |key: &str, amount: &str| {
+        support::message("acme", key, &format!(r#"{{"amount":{amount}}}"#))
+    };
+    let mut outcomes = Vec::new();
+    for (key, value) in [
+        ("edge", "1e1000000000"),
+        ("edge", "10e999999999"),
+        ("edge", "1"),
+        ("beyond", "1e1000000001"),
+        ("beyond", "1"),
+    ] {
+        let d = engine.process(&[amount(key, value)]).await.unwrap();
+        outcomes.push(d[0].outcome);
+    }
+
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Processed,
+            Outcome::Duplicate,
+            Outcome::Conflict,
+            Outcome::Invalid,
+            Outcome::Processed,
+        ]
+    );
+}
