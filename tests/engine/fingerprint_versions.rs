@@ -5,7 +5,7 @@
 //! version 1. Through RabbitMQ, with the provider simulator.
 
 use crate::support::http_handler;
-use crate::support::payments::{AmqpPayments, Setup};
+use crate::support::payments::{amqp::AmqpPayments, Setup};
 use crate::support::process::Provider;
 use crate::support::{self, isolated_store};
 use dedupq::config::IdentitySettings;

@@ -6,7 +6,7 @@
 //! duplicate). The simulator compares bytes and records what it received.
 
 use crate::support::http_handler;
-use crate::support::payments::{AmqpPayments, KafkaPayments, Setup};
+use crate::support::payments::{amqp::AmqpPayments, KafkaPayments, Setup};
 use crate::support::process::Provider;
 use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, HttpHandler, Request};
 use dedupq::provider::{Charge, Compare, Knobs};

@@ -4,7 +4,7 @@
 //! The first attempt runs on an engine of its own; the retry arrives
 //! through RabbitMQ.
 
-use crate::support::payments::{identity, AmqpPayments, Setup, TENANT, WAIT};
+use crate::support::payments::{amqp::AmqpPayments, identity, Setup, TENANT, WAIT};
 use crate::support::process::Provider;
 use crate::support::{eventually, isolated_store};
 use dedupq::config::HandlerSettings;

@@ -6,7 +6,7 @@
 //! more attempt with its first request and derived key.
 
 use crate::support::amqp::Msg;
-use crate::support::payments::{identity, AmqpPayments, KafkaPayments, Setup, WAIT};
+use crate::support::payments::{amqp::AmqpPayments, identity, KafkaPayments, Setup, WAIT};
 use crate::support::process::Provider;
 use crate::support::{cli, http_handler};
 use dedupq::provider::{Compare, Knobs};

@@ -4,9 +4,7 @@
 //! What dedupq stored is read from the key table; what the provider saw
 //! from its ledger.
 
-mod amqp;
-
-pub use amqp::AmqpPayments;
+pub mod amqp;
 
 use super::kafka::{self, produce, Running};
 use super::{eventually, isolated_store, unique};
