@@ -3,7 +3,9 @@
 //! and samples the `dedupq_keys` gauges. Leadership is a PostgreSQL session
 //! advisory lock held on a connection of its own: when the leader dies, its
 //! session ends, the lock is free, and a standby takes it within
-//! `STANDBY_RETRY`.
+//! `STANDBY_RETRY`. Every replica announces its `retention.keep` on that
+//! connection, and the leader purges with the longest one announced, so a
+//! replica with a short keep never purges keys another one still needs.
 
 use crate::config::RetentionSettings;
 use crate::health::{Component, Health};
@@ -77,7 +79,7 @@ async fn lead_when_elected(
             _ = shutdown.cancelled() => return,
             _ = standby.tick() => {}
         }
-        match try_lock(store, &mut conn).await {
+        match try_lock(store, &mut conn, retention.keep).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -97,10 +99,17 @@ async fn lead_when_elected(
     }
 }
 
-/// Tries to take the lock, on the standby connection if it still lives.
-async fn try_lock(store: &Store, conn: &mut Option<PgConnection>) -> Result<bool, StoreError> {
+/// Tries to take the lock, on the standby connection if it still lives
+/// (a new one announces this replica's keep first).
+async fn try_lock(
+    store: &Store,
+    conn: &mut Option<PgConnection>,
+    keep: Duration,
+) -> Result<bool, StoreError> {
     if conn.is_none() {
-        *conn = Some(store.dedicated_connection().await?);
+        let mut fresh = store.dedicated_connection().await?;
+        Store::announce_keep(&mut fresh, keep).await?;
+        *conn = Some(fresh);
     }
     let c = conn.as_mut().expect("connected just above");
     if cfg!(feature = "broken-no-upkeep-lock") {
@@ -124,6 +133,7 @@ async fn lead(
     let mut count_open = interval(COUNT_OPEN_EVERY);
     let mut count_finished = interval(COUNT_FINISHED_EVERY);
     let mut purge = interval(retention.purge_every);
+    let mut keep = retention.keep;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -143,13 +153,41 @@ async fn lead(
             }
             _ = count_open.tick() => record_counts(store.count_open().await, metrics),
             _ = count_finished.tick() => record_counts(store.count_finished().await, metrics),
-            _ = purge.tick() => purge_once(store, retention, metrics).await,
+            _ = purge.tick() => purge_once(store, &mut conn, retention, &mut keep, metrics).await,
         }
     }
 }
 
-async fn purge_once(store: &Store, retention: &RetentionSettings, metrics: &Metrics) {
-    match store.purge(retention.keep, retention.purge_batch).await {
+/// Purges with the longest keep a live replica announces (this one's
+/// included). If the announcements cannot be read, nothing is purged:
+/// this replica's keep alone could be too short for another one.
+async fn purge_once(
+    store: &Store,
+    conn: &mut PgConnection,
+    retention: &RetentionSettings,
+    keep: &mut Duration,
+    metrics: &Metrics,
+) {
+    let Ok(announced) = timeout(LOCK_CHECK_TIMEOUT, longest_keep(conn, retention.keep)).await
+    else {
+        tracing::warn!("retention purge skipped: the upkeep connection stopped answering");
+        return;
+    };
+    let purged = match announced {
+        Ok(longest) => {
+            if longest != *keep {
+                tracing::info!(
+                    keep = %humantime::format_duration(longest),
+                    own = %humantime::format_duration(retention.keep),
+                    "retention: purging keys older than the longest retention.keep of the live replicas"
+                );
+                *keep = longest;
+            }
+            store.purge(longest, retention.purge_batch).await
+        }
+        Err(e) => Err(e),
+    };
+    match purged {
         Ok(0) => {}
         Ok(n) => {
             metrics.keys_purged.inc_by(n);
@@ -160,6 +198,15 @@ async fn purge_once(store: &Store, retention: &RetentionSettings, metrics: &Metr
             tracing::warn!(error = %chain(&e), "retention purge failed");
         }
     }
+}
+
+async fn longest_keep(conn: &mut PgConnection, own: Duration) -> Result<Duration, StoreError> {
+    if cfg!(feature = "broken-own-keep-only") {
+        // Test-only: every leader purges with its own keep.
+        return Ok(own);
+    }
+    let announced = Store::longest_announced_keep(conn).await?;
+    Ok(announced.map_or(own, |a| a.max(own)))
 }
 
 fn record_counts(counts: Result<Vec<(KeyStatus, i64)>, StoreError>, metrics: &Metrics) {

@@ -93,7 +93,10 @@ pub async fn run_keys(
                     bail!("{id} is not open (absent, done or failed): nothing to release")
                 }
                 Released::LeaseLive { until, owner } => bail!(
-                    "{id} is held by {owner} until {until} (a live lease: its worker may be                      calling the provider now). Wait for the lease to end, or use --force to                      release it anyway: the next delivery may then run while that worker still                      does (two executions; one charge only if the provider honours the derived key)"
+                    "{id} is held by {owner} until {until} (a live lease: its worker may be \
+                     calling the provider now). Wait for the lease to end, or use --force to \
+                     release it anyway: the next delivery may then run while that worker still \
+                     does (two executions; one charge only if the provider honours the derived key)"
                 ),
             };
             tracing::warn!(

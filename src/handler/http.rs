@@ -86,16 +86,16 @@ impl HttpHandler {
         for (name, value) in &s.headers {
             let header = HeaderName::try_from(name.as_str())
                 .map_err(|_| config("headers", format!("'{name}' is not a valid header name")))?;
-            let mut value = value
+            // The problem names the file or variable, never the value.
+            let raw = value
                 .resolve()
-                .ok()
-                .and_then(|v| HeaderValue::try_from(v).ok())
-                .ok_or_else(|| {
-                    config(
-                        "headers",
-                        format!("the value of '{name}' is missing or not a valid header value"),
-                    )
-                })?;
+                .map_err(|problem| config("headers", format!("'{name}': {problem}")))?;
+            let mut value = HeaderValue::try_from(raw).map_err(|_| {
+                config(
+                    "headers",
+                    format!("the value of '{name}' is not a valid header value"),
+                )
+            })?;
             value.set_sensitive(true);
             static_headers.insert(header, value);
         }

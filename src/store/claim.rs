@@ -14,15 +14,20 @@ use std::time::Duration;
 /// writes), which tells duplicates, held keys and conflicts apart, and
 /// what the previous attempt left, in the same round trip.
 ///
+/// A row stored under another fingerprint version is taken over on the
+/// key alone, except a version-1 row: it is compared with the message's
+/// version-1 digest (`legacy`), as `classify` compares finished rows.
+///
 /// A new key stores the request of its first attempt (bytes, content type,
 /// derived key); a takeover returns that stored request so the retry sends
 /// exactly it.
 const CLAIM_SQL: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
-                         $5::bytea[], $6::text[], $7::text[])
+                         $5::bytea[], $6::text[], $7::text[], $10::bytea[])
         WITH ORDINALITY AS i(tenant, key, fingerprint, fingerprint_version,
-                             request_body, request_content_type, derived_key, ord)
+                             request_body, request_content_type, derived_key,
+                             legacy, ord)
 ),
 claimed AS (
     INSERT INTO dedupq_keys AS k
@@ -43,8 +48,13 @@ claimed AS (
         updated_at = now()
     WHERE (k.status IN ('in_progress', 'unknown'))
       AND (k.lease_until <= now())
-      AND ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
-           OR (k.fingerprint = EXCLUDED.fingerprint))
+      AND (((k.fingerprint_version = EXCLUDED.fingerprint_version)
+            AND (k.fingerprint = EXCLUDED.fingerprint))
+           OR ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
+               AND ((k.fingerprint_version <> 1)
+                    OR (k.fingerprint = coalesce((SELECT l.legacy FROM input l
+                                                  WHERE l.tenant = k.tenant AND l.key = k.key),
+                                                 k.fingerprint)))))
     RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
@@ -172,6 +182,10 @@ impl Store {
         let content_types: Vec<Option<&str>> =
             order.iter().map(|&i| requests[i].content_type).collect();
         let derived: Vec<&str> = order.iter().map(|&i| requests[i].derived_key).collect();
+        let legacy: Vec<Option<&[u8]>> = order
+            .iter()
+            .map(|&i| requests[i].fingerprint.legacy.as_ref().map(|d| &d[..]))
+            .collect();
 
         let rows = sqlx::query(CLAIM_SQL)
             .bind(&tenants)
@@ -183,6 +197,7 @@ impl Store {
             .bind(&derived)
             .bind(secs(lease))
             .bind(owner)
+            .bind(&legacy)
             .fetch_all(self.pool())
             .await?;
 

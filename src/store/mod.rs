@@ -2,6 +2,7 @@
 //! Batch-first: each public write takes a slice and costs one round trip.
 
 mod admin;
+mod announce;
 mod claim;
 mod connect;
 mod error;

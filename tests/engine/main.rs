@@ -7,6 +7,7 @@ mod batch_claims;
 mod concurrency;
 mod conflicts;
 mod failures;
+mod fingerprint_versions;
 mod invalid_input;
 mod odd_answers;
 mod renewal;

@@ -4,14 +4,23 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod config_faults;
+mod derived_keys;
+mod exact_request;
+mod first_request;
+mod forwarder;
+mod lookup;
 mod provider_faults;
 mod provider_latency;
+mod redirects;
 mod simulator;
 mod simulator_answers;
 mod simulator_bodies;
 mod simulator_ledger;
 mod simulator_running;
 mod simulator_start;
+mod tls_target;
+mod unknown_outcomes;
 
 use dedupq::engine::{Decision, Engine, Outcome};
 use std::sync::Arc;

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;
+pub mod payments;
 pub mod process;
 pub mod provider_api;
 pub mod rabbit_management;
