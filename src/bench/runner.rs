@@ -252,7 +252,7 @@ async fn spawn(
         .env(
             "DEDUPQ_LOG",
             if decisions_logged {
-                "warn,dedupq::engine::core=debug"
+                "warn,dedupq::engine::record=debug"
             } else {
                 "warn"
             },
