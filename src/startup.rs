@@ -241,6 +241,14 @@ impl Parts {
             }
         };
         health.set(Component::Store, true);
+        // Not ready until each configured transport reports in (its start
+        // waits for start-up checks against the broker first).
+        if !settings.kafka.topics.is_empty() {
+            health.set_down(Component::Kafka, "starting");
+        }
+        if !settings.amqp.queues.is_empty() {
+            health.set_down(Component::Amqp, "starting");
+        }
         Ok(Self {
             addr,
             server,

@@ -31,6 +31,23 @@ fn check_handler(s: &Settings) -> Result<(), ConfigError> {
             "use http(s)://host:port/path",
         ));
     }
+    // A route whose source is nothing dedupq consumes would silently never
+    // match, and its payments would go to handler.url.
+    for (i, route) in s.handler.routes.iter().enumerate() {
+        let Some(source) = &route.source else {
+            continue;
+        };
+        let known = s.kafka.topics.contains(source)
+            || s.amqp.queues.contains(source)
+            || (s.api.enabled && s.api.routes.iter().any(|r| r.name == *source));
+        if !known {
+            return Err(ConfigError::new(
+                &format!("handler.routes[{i}].source"),
+                format!("'{source}' is not a configured Kafka topic, RabbitMQ queue or API route"),
+                "name one of kafka.topics, amqp.queues or api.routes, or leave source out",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -156,4 +173,26 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HandlerRoute;
+
+    #[test]
+    fn a_handler_route_for_a_source_nothing_consumes_is_refused() {
+        let mut s = Settings::default();
+        s.kafka.topics = vec!["payments".into()];
+        s.handler.routes = vec![HandlerRoute {
+            source: Some("payments".into()),
+            tenant: None,
+            url: "https://eu.example/charges".into(),
+        }];
+        assert!(validate(&s).is_ok());
+        s.handler.routes[0].source = Some("paymnets".into());
+        let e = validate(&s).unwrap_err();
+        assert_eq!(e.setting, "handler.routes[0].source");
+        assert!(e.problem.contains("paymnets"), "{e}");
+    }
 }

@@ -158,6 +158,7 @@ impl HttpHandler {
         let source = match call.source {
             Source::Kafka { topic, .. } => Some(topic.as_str()),
             Source::Amqp { queue, .. } => Some(queue.as_str()),
+            Source::Http { route, .. } => Some(route.as_str()),
             _ => None,
         };
         let tenant = call.identity.tenant.as_str();
