@@ -54,3 +54,28 @@ async fn a_handler_three_times_slower_than_the_lease_keeps_its_claim() {
     );
     assert_eq!(slow.count(), 1);
 }
+
+/// Renewals every few milliseconds while handlers finish at random
+/// moments: a renewal that finds a key already finished (its result stored
+/// while the renewal was under way) is not a lost lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_stored_while_a_renewal_is_under_way_is_not_a_lost_lease() {
+    let (store, _) = support::isolated_store().await;
+    let mut options = support::fast_options();
+    options.lease = Duration::from_secs(5);
+    options.renew_every = Duration::from_millis(5);
+    let handler = Arc::new(Recording::with_jitter(Duration::from_millis(40)));
+    let engine = support::engine(&store, handler.clone(), options);
+    let batch: Vec<_> = (0..300)
+        .map(|i| support::message("acme", &format!("pay-{i}"), r#"{"amount": 1}"#))
+        .collect();
+    let decisions = engine.process(&batch).await.unwrap();
+    assert!(decisions.iter().all(|d| d.outcome == Outcome::Processed));
+    assert_eq!(handler.count(), 300);
+    assert_eq!(
+        engine.metrics().lost_leases.get(),
+        0,
+        "no lease was lost: every key's own worker stored its result"
+    );
+    assert_eq!(engine.metrics().fenced_writes.get(), 0);
+}

@@ -85,6 +85,44 @@ async fn consumer_lag_per_partition_drops_to_zero_once_everything_is_committed()
     running.stop().await;
 }
 
+/// A group that has never committed has no committed offset for
+/// librdkafka to subtract from: the lag is still reported, counted from
+/// where the member started, while the first messages are in hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_lag_is_reported_before_the_groups_first_commit() {
+    let (store, _) = isolated_store().await;
+    let (topic, _) = kafka::topics("lag_first", 1).await;
+    let group = unique("g");
+    // Nothing finishes while the test looks: no offset is ever committed.
+    let handler = Arc::new(Recording::with_delay(Duration::from_secs(600)));
+    let e = engine(&store, handler.clone(), fast_options());
+    let producer = kafka::producer();
+    for k in 0..12 {
+        produce(
+            &producer,
+            &topic,
+            0,
+            &headers(TENANT, &format!("k{k}")),
+            &body(k),
+        )
+        .await;
+    }
+    let mut settings = kafka::settings(&topic, &group);
+    settings.stats_interval = Duration::from_millis(300);
+    settings.drain_timeout = Duration::from_millis(500);
+    let running = Running::start(settings, e.clone());
+    let seen = crate::support::eventually(Duration::from_secs(20), "a lag gauge", || async {
+        lag(&e.metrics().render(), &topic, 0).filter(|l| *l > 0)
+    })
+    .await;
+    assert_eq!(seen, 12, "every message waits: none is committed");
+    assert!(
+        kafka::committed(&group, &topic, 1).await[0] < 0,
+        "nothing committed yet"
+    );
+    drop(running);
+}
+
 /// The exported lag series of one partition; None when it was never set.
 fn lag(exposition: &str, topic: &str, partition: i32) -> Option<i64> {
     let (t, p) = (

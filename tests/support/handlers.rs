@@ -22,6 +22,8 @@ pub struct Call {
 #[derive(Default)]
 pub struct Recording {
     pub delay: Duration,
+    /// Each call waits a random time up to this, on top of `delay`.
+    pub jitter: Duration,
     calls: Mutex<Vec<Call>>,
     script: Mutex<VecDeque<HandlerOutcome>>,
 }
@@ -30,6 +32,13 @@ impl Recording {
     pub fn with_delay(delay: Duration) -> Self {
         Self {
             delay,
+            ..Self::default()
+        }
+    }
+
+    pub fn with_jitter(jitter: Duration) -> Self {
+        Self {
+            jitter,
             ..Self::default()
         }
     }
@@ -60,7 +69,8 @@ impl Handler for Recording {
             raw: call.request.body.to_vec(),
             uncertain: call.uncertain,
         });
-        tokio::time::sleep(self.delay).await;
+        let jitter = self.jitter.mul_f64(rand::random::<f64>());
+        tokio::time::sleep(self.delay + jitter).await;
         if let Some(next) = self.script.lock().unwrap().pop_front() {
             return next;
         }
