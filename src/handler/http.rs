@@ -185,6 +185,7 @@ impl HttpHandler {
         }
         // While traced, the provider continues this handler call's span,
         // not the producer's: the passed context is replaced.
+        #[cfg(not(feature = "broken-no-trace-propagation"))]
         crate::telemetry::inject_current(&mut h);
         h.extend(self.static_headers.clone());
         let text = |v: &str| {

@@ -8,8 +8,9 @@
 //! A batch belongs to one trace when every traced message in it does (the
 //! batch span is then a child of the first one's producer span); otherwise
 //! it starts a trace of its own and links each producer span. A message
-//! span links its batch span; a message without a `traceparent` is a child
-//! of a batch that started its own trace, or else starts one itself.
+//! without a `traceparent` is a child of a batch that started its own
+//! trace, or else starts one itself; every other message span links its
+//! batch span.
 
 use super::{propagation::remote_context, TARGET};
 use crate::engine::{transport_label, Decision};
@@ -62,12 +63,14 @@ impl BatchTrace {
             .iter()
             .zip(&remotes)
             .map(|(msg, producer)| {
-                let parent = (own_trace && producer.is_none()).then_some(&span);
-                let m = message_span(msg, parent);
+                let in_batch = own_trace && producer.is_none();
+                let m = message_span(msg, in_batch.then_some(&span));
                 if let Some(producer) = producer {
                     let _ = m.set_parent(remote(producer));
                 }
-                m.add_link(batch_context.clone());
+                if !in_batch {
+                    m.add_link(batch_context.clone());
+                }
                 m
             })
             .collect();
