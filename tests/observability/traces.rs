@@ -1,6 +1,7 @@
 //! Traces end to end, through a real Jaeger: a producer's span exported by
-//! the test, its `traceparent` on a Kafka record or in an AMQP header, a
-//! real `dedupq run` exporting to the same Jaeger, and the provider
+//! the test, its `traceparent` on a Kafka record, in an AMQP header or on
+//! an HTTP API request, a real `dedupq run` exporting to the same Jaeger,
+//! and the provider
 //! simulator recording the trace context each charge request carried. One
 //! trace must run from the producer's span through dedupq's batch, message
 //! and handler spans to the provider's request, whose parent is dedupq's
@@ -379,4 +380,45 @@ async fn a_message_without_a_traceparent_starts_a_trace_of_its_own() {
         parent, handler.span_id,
         "the provider request is a child of the handler span"
     );
+}
+
+/// The HTTP API is the third way in: the caller's `traceparent` and
+/// `tracestate` headers are continued like a broker message's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http_api_request_continues_the_callers_trace() {
+    let jaeger = Jaeger::start().await;
+    let caller = ProducerSpan::export(&jaeger).await;
+    let provider = Provider::start(Knobs::default()).await;
+    let mut config = config(&jaeger, "grpc", &provider).await;
+    let dir = std::env::temp_dir().join(unique("trace-api"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("api-keys.toml");
+    std::fs::write(&keys, "\"sk_test_trace_0123456789\" = \"acme\"\n").unwrap();
+    let listen = format!("127.0.0.1:{}", crate::support::process::free_port());
+    let section = format!(
+        "enabled = true\nlisten = \"{listen}\"\nkeys_file = \"{}\"\nroutes = [{{ name = \"payments\" }}]",
+        keys.display()
+    );
+    config.insert("api".into(), toml::Value::Table(section.parse().unwrap()));
+    let _dedupq = Dedupq::start(&config).await;
+
+    // Sent again until the listener is up: the key makes that safe.
+    let answer = eventually(Duration::from_secs(30), "the API answers", || async {
+        let mut request = reqwest::Client::new()
+            .post(format!("http://{listen}/v1/payments"))
+            .bearer_auth("sk_test_trace_0123456789")
+            .header("idempotency-key", "pay-http")
+            .header("content-type", "application/json")
+            .body(BODY);
+        for (name, value) in caller.headers() {
+            request = request.header(name, value);
+        }
+        request.send().await.ok()
+    })
+    .await;
+    assert_eq!(answer.status(), 201, "charged");
+    let charge = charged(&provider, "pay-http").await;
+
+    let trace = jaeger.wait_for(&caller.trace_id(), &SPANS).await;
+    assert_continued(&trace, &caller, &charge, "http", "pay-http");
 }
