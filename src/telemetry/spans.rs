@@ -156,3 +156,113 @@ pub fn handled(span: &Span, outcome: &'static str, answered: bool) {
         span.record("otel.status_code", "ERROR");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Source;
+    use opentelemetry::trace::{SpanId, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Keeps what it is given, for the test to read.
+    #[derive(Debug, Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Kept {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    const A: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const A2: &str = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+    const B: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-53995c3f42cd8ad8-01";
+
+    fn message(id: u64, traceparent: Option<&str>) -> Incoming {
+        let m = Incoming::new(Source::Direct { id }, b"{}".to_vec());
+        match traceparent {
+            Some(tp) => m.with_header("traceparent", tp),
+            None => m,
+        }
+    }
+
+    /// The finished spans of one engine call over `batch`: the batch span
+    /// first, then the message spans in order.
+    fn spans_of(batch: &[Incoming]) -> Vec<SpanData> {
+        let kept = Kept::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let trace = BatchTrace::open(batch);
+            drop(trace);
+        });
+        let mut spans = kept.0.lock().unwrap().clone();
+        // The batch first, then the messages by their source (`direct:<id>`).
+        spans.sort_by_key(|s| {
+            let source = s.attributes.iter().find(|kv| kv.key.as_str() == "source");
+            (
+                s.name != "dedupq.batch",
+                source.map(|kv| kv.value.to_string()),
+            )
+        });
+        spans
+    }
+
+    fn span_id(traceparent: &str) -> SpanId {
+        SpanId::from_hex(&traceparent[36..52]).unwrap()
+    }
+
+    #[test]
+    fn a_batch_of_one_trace_is_a_child_of_its_first_producer_span() {
+        let spans = spans_of(&[message(1, Some(A)), message(2, Some(A2)), message(3, None)]);
+        let (batch, messages) = (&spans[0], &spans[1..]);
+        assert_eq!(batch.parent_span_id, span_id(A));
+        assert_eq!(batch.span_context.trace_id().to_string(), &A[3..35]);
+        assert_eq!(messages[0].parent_span_id, span_id(A));
+        assert_eq!(messages[1].parent_span_id, span_id(A2));
+        let untraced = &messages[2];
+        assert_eq!(
+            untraced.parent_span_id,
+            SpanId::INVALID,
+            "not put into a producer's trace"
+        );
+        assert_ne!(
+            untraced.span_context.trace_id(),
+            batch.span_context.trace_id()
+        );
+        for m in messages {
+            assert_eq!(m.links.links.len(), 1, "each message links its batch");
+            assert_eq!(m.links.links[0].span_context, batch.span_context);
+        }
+    }
+
+    #[test]
+    fn a_batch_of_several_traces_starts_its_own_and_links_every_producer() {
+        let spans = spans_of(&[message(1, Some(A)), message(2, Some(B)), message(3, None)]);
+        let (batch, messages) = (&spans[0], &spans[1..]);
+        assert_eq!(batch.parent_span_id, SpanId::INVALID);
+        let linked: Vec<SpanId> = batch
+            .links
+            .links
+            .iter()
+            .map(|l| l.span_context.span_id())
+            .collect();
+        assert_eq!(linked, [span_id(A), span_id(B)]);
+        assert_eq!(messages[0].parent_span_id, span_id(A));
+        assert_eq!(messages[1].parent_span_id, span_id(B));
+        let untraced = &messages[2];
+        assert_eq!(
+            untraced.parent_span_id,
+            batch.span_context.span_id(),
+            "in the batch's own trace"
+        );
+        assert!(untraced.links.links.is_empty());
+    }
+}
