@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
     };
     // Traces are exported by the service only, not by one-off commands.
     let traces = matches!(cli.command, Command::Run).then_some(&settings.telemetry);
-    let telemetry = match dedupq::telemetry::init(&settings.log, traces) {
+    let telemetry = match dedupq::telemetry::init_with_traces(&settings.log, traces) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("dedupq: {}", dedupq::telemetry::chain(&e));

@@ -35,10 +35,17 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
+/// Installs the global subscriber for logs only, once (later calls are
+/// ignored: tests).
+pub fn init(log: &LogSettings) {
+    // Without an exporter nothing can fail.
+    let _ = init_with_traces(log, None);
+}
+
 /// Installs the global subscriber once (later calls are ignored: tests):
 /// the log output, and with `traces` enabled the OTLP exporter. An error
 /// names the setting that stops start-up.
-pub fn init(
+pub fn init_with_traces(
     log: &LogSettings,
     traces: Option<&TelemetrySettings>,
 ) -> Result<Telemetry, ExportError> {

@@ -242,7 +242,7 @@ fn assert_continued(
     assert_eq!(batch.tag("transport").as_deref(), Some(transport));
     assert_eq!(
         message.links,
-        [batch.span_id.clone()],
+        std::slice::from_ref(&batch.span_id),
         "the message span links its batch"
     );
     for statement in ["dedupq.claim", "dedupq.finish"] {
