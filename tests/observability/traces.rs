@@ -422,3 +422,23 @@ async fn an_http_api_request_continues_the_callers_trace() {
     let trace = jaeger.wait_for(&caller.trace_id(), &SPANS).await;
     assert_continued(&trace, &caller, &charge, "http", "pay-http");
 }
+
+#[tokio::test]
+async fn a_collector_url_that_cannot_be_used_stops_start_up_naming_the_setting() {
+    let provider = Provider::start(Knobs::default()).await;
+    let (_, store) = isolated_store().await;
+    let mut config = base_config(&store, &provider);
+    let section = "enabled = true\nendpoint = \"collector:4317\"";
+    config.insert(
+        "telemetry".into(),
+        toml::Value::Table(section.parse().unwrap()),
+    );
+    let mut dedupq = Dedupq::launch(&config, &[]);
+    let status = dedupq.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(2), "{}", dedupq.log());
+    let log = dedupq.log();
+    assert!(
+        log.contains("invalid setting `telemetry.endpoint`") && log.contains("http://host:4317"),
+        "the error names the setting and the fix: {log}"
+    );
+}
