@@ -19,8 +19,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    dedupq::telemetry::init(&settings.log);
-    match run(cli.command, settings).await {
+    // Traces are exported by the service only, not by one-off commands.
+    let traces = matches!(cli.command, Command::Run).then_some(&settings.telemetry);
+    let telemetry = match dedupq::telemetry::init_with_traces(&settings.log, traces) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("dedupq: {}", dedupq::telemetry::chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let result = run(cli.command, settings).await;
+    telemetry.shutdown().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dedupq: {e:#}");

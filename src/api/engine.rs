@@ -5,7 +5,7 @@
 
 use crate::config::{ConfigError, IdentitySettings, TenantSource};
 use crate::engine::{
-    Action, DeadLetterReason, Decision, Incoming, InvalidReason, Outcome, Pipeline, Source,
+    Action, DeadLetterReason, Decision, Header, Incoming, InvalidReason, Outcome, Pipeline, Source,
 };
 use crate::fingerprint::Fingerprint;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
@@ -26,6 +26,9 @@ pub struct Command {
     /// The request's `Content-Type`, forwarded with the body.
     pub content_type: Option<String>,
     pub received_at: DateTime<Utc>,
+    /// The request's `traceparent` and `tracestate`, continued by the
+    /// message's span (`telemetry::context_headers`).
+    pub trace_context: Vec<Header>,
 }
 
 /// A stored outcome as an answer carries it.
@@ -162,10 +165,12 @@ impl Gate {
             route: cmd.route.to_string(),
             request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
         };
-        // Only these two: a tenant header the client sent never gets in.
+        // Only these two and the trace context: a tenant header the client
+        // sent never gets in.
         let mut incoming = Incoming::new(source, cmd.body.to_vec())
             .with_header(self.tenant_header.as_bytes(), cmd.tenant.as_str())
             .with_header(self.pipeline.parser().key_header(), cmd.key.as_str());
+        incoming.headers.extend(cmd.trace_context);
         incoming.content_type = cmd.content_type;
         incoming.received_at = cmd.received_at;
         match self.pipeline.parser().parse(&incoming) {

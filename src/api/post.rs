@@ -97,6 +97,7 @@ async fn accept(
         body,
         content_type,
         received_at,
+        trace_context: crate::telemetry::context_headers(&parts.headers),
     };
     let checked = s.gate.check(command).map_err(answer)?;
     Ok(match &route.publish {

@@ -16,7 +16,7 @@ pub fn validate(s: &Settings) -> Result<(), ConfigError> {
     if s.api.enabled {
         super::api::check(s)?;
     }
-    Ok(())
+    s.telemetry.validate()
 }
 
 /// The handler URL is checked here, where the error can hide its

@@ -11,6 +11,7 @@ pub mod kafka;
 mod secret;
 mod sources;
 mod store;
+pub mod telemetry;
 
 pub use amqp::{AmqpSettings, QueueType, Topology};
 pub use api::{ApiSettings, PublishTarget, RouteMode, RouteSettings, WebhookKind};
@@ -18,6 +19,7 @@ pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
 pub use secret::{is_secret_name, redact_url, SecretUrl};
 pub use store::{check_schema_name, MigrateMode, StoreSettings};
+pub use telemetry::{OtlpProtocol, TelemetrySettings};
 
 use crate::fingerprint::FingerprintSpec;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -40,6 +42,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub api: ApiSettings,
     pub log: LogSettings,
+    pub telemetry: TelemetrySettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

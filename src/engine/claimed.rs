@@ -8,6 +8,7 @@ use super::message::Incoming;
 use super::verdict::Verdict;
 use crate::handler::{HandlerCall, HandlerOutcome, Request};
 use crate::store::{Answer, Claim, Finish, FinishWrite, StoreError};
+use crate::telemetry::spans;
 use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -15,6 +16,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// A key this worker owns: the message that claimed it and the claim.
 pub(super) struct Owned<'a> {
@@ -124,7 +126,8 @@ impl Engine {
                 let _ = (lost, call);
                 return (j, done.clone());
             }
-            (j, self.call_handler(&call, lost).await)
+            let span = spans::handler(&o.pending.span, call.attempt, call.epoch);
+            (j, self.call_handler(&call, lost, span).await)
         }
     }
 
@@ -168,6 +171,7 @@ impl Engine {
             .start_timer();
         let whole = self
             .store_retry(|| self.inner.store.finish_batch(&writes))
+            .instrument(spans::finish(writes.len()))
             .await;
         timer.observe_duration();
         match whole {
@@ -225,6 +229,7 @@ impl Engine {
 
     fn after_store(&self, o: &Owned<'_>, decision: Decision, stored: Stored) -> Decision {
         let identity = &o.pending.parsed.identity;
+        spans::stored(&o.pending.span, stored.label());
         match stored {
             Stored::Landed => decision,
             Stored::Fenced => {
@@ -252,12 +257,14 @@ impl Engine {
         &self,
         call: &HandlerCall<'_>,
         lost: CancellationToken,
+        span: tracing::Span,
     ) -> HandlerOutcome {
         let inner = &self.inner;
         // The semaphore is never closed, so acquiring cannot fail.
         let _permit = inner.permits.acquire().await;
         let started = Instant::now();
-        let run = AssertUnwindSafe(inner.handler.handle(call)).catch_unwind();
+        let handle = inner.handler.handle(call).instrument(span.clone());
+        let run = AssertUnwindSafe(handle).catch_unwind();
         let outcome = tokio::select! {
             out = tokio::time::timeout(inner.options.handler_timeout, run) => match out {
                 Ok(Ok(outcome)) => outcome,
@@ -270,12 +277,28 @@ impl Engine {
                 error: "lease could not be kept while the handler ran".into(),
             },
         };
+        let label = outcome_label(&outcome);
         inner
             .metrics
             .handler_duration
-            .with_label_values(&[outcome_label(&outcome)])
+            .with_label_values(&[label])
             .observe(started.elapsed().as_secs_f64());
+        let answered = matches!(
+            outcome,
+            HandlerOutcome::Success(_) | HandlerOutcome::Permanent(_)
+        );
+        spans::handled(&span, label, answered);
         outcome
+    }
+}
+
+impl Stored {
+    fn label(&self) -> &'static str {
+        match self {
+            Stored::Landed => "landed",
+            Stored::Fenced => "fenced",
+            Stored::Rejected(_) => "rejected",
+        }
     }
 }
 

@@ -10,12 +10,14 @@ use crate::handler::Handler;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
+use crate::telemetry::spans::BatchTrace;
 use async_trait::async_trait;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 #[derive(Clone)]
 pub struct Engine {
@@ -37,6 +39,8 @@ pub(super) struct Inner {
 pub(super) struct Pending {
     pub index: usize,
     pub parsed: Parsed,
+    /// The message's trace span (disabled when traces are off).
+    pub span: tracing::Span,
     /// Test-only: the handler's outcome when it ran before the claim.
     #[cfg(feature = "broken-claim-after-work")]
     pub early: Option<crate::handler::HandlerOutcome>,
@@ -108,6 +112,16 @@ impl Engine {
     /// one decision per message, in order. An error means nothing of the
     /// batch may be committed; deliver it again later.
     pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+        let trace = BatchTrace::open(batch);
+        let span = trace.span().clone();
+        self.process_traced(batch, &trace).instrument(span).await
+    }
+
+    async fn process_traced(
+        &self,
+        batch: &[Incoming],
+        trace: &BatchTrace,
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.len()];
         let mut pending = Vec::new();
         for (index, msg) in batch.iter().enumerate() {
@@ -115,6 +129,7 @@ impl Engine {
                 Ok(parsed) => pending.push(Pending {
                     index,
                     parsed,
+                    span: trace.message(index).clone(),
                     #[cfg(feature = "broken-claim-after-work")]
                     early: None,
                 }),
@@ -141,8 +156,9 @@ impl Engine {
                 limit_retries(msg, d)
             })
             .collect();
-        for (msg, decision) in batch.iter().zip(&decisions) {
+        for (index, (msg, decision)) in batch.iter().zip(&decisions).enumerate() {
             self.record(msg, decision);
+            trace.decided(index, decision);
         }
         Ok(decisions)
     }

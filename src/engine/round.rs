@@ -8,6 +8,7 @@ use super::message::Incoming;
 use super::record::claim_label;
 use crate::store::{ClaimRequest, ClaimResult, StoreError, StoredResult};
 use chrono::Utc;
+use tracing::Instrument;
 
 /// A claim's result, or the dead letter of a message PostgreSQL refused.
 type Claimed = Result<ClaimResult, Box<Decision>>;
@@ -26,6 +27,9 @@ impl Engine {
         let results = self.claim_with_retries(batch, round).await?;
         let mut owned = Vec::new();
         for (p, result) in round.iter().zip(results) {
+            if let Ok(r) = &result {
+                crate::telemetry::spans::claimed(&p.span, claim_label(r));
+            }
             match result {
                 Ok(ClaimResult::Won(claim)) => owned.push(Owned::new(p, claim, Outcome::Processed)),
                 Ok(ClaimResult::TakenOver(claim)) => {
@@ -162,6 +166,7 @@ impl Engine {
         let got = inner
             .store
             .claim_batch(&requests, &inner.options.owner, inner.options.lease)
+            .instrument(crate::telemetry::spans::claim(requests.len()))
             .await
             .inspect_err(|_| inner.metrics.store_errors.inc())?;
         timer.observe_duration();

@@ -95,6 +95,8 @@ fn receive<'a>(headers: &'a HeaderMap, raw: &'a [u8], body: &Value) -> Received<
         body_hash: canonical_hash(body),
         request_hash: hex(&Sha256::digest(raw)),
         payment_id: body.get("payment_id").and_then(payment_id),
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
     }
 }
 

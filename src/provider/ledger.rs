@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS provider_charges (
     created_at      timestamptz NOT NULL DEFAULT now(),
     answered_at     timestamptz
 );
+-- The W3C trace context the request carried, to tie a charge to a trace
+-- (added to tables of earlier simulators in place).
+ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS tracestate text;
 CREATE INDEX IF NOT EXISTS provider_charges_remembered_key
     ON provider_charges (idempotency_key) WHERE remembered;
 CREATE INDEX IF NOT EXISTS provider_charges_by_payment ON provider_charges (tenant, payment_id);
@@ -81,6 +85,9 @@ pub struct Received<'a> {
     pub body_hash: String,
     pub request_hash: String,
     pub payment_id: Option<String>,
+    /// The request's `traceparent` and `tracestate`, as sent.
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
 }
 
 #[derive(Clone)]
@@ -223,9 +230,10 @@ async fn insert(
     };
     sqlx::query_scalar(
         "INSERT INTO provider_charges (idempotency_key, tenant, payment_id, request, content_type, \
-           body_hash, request_hash, state, response, response_type, owner, attempt, answered_at) \
+           body_hash, request_hash, state, response, response_type, owner, attempt, answered_at, \
+           traceparent, tracestate) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-           CASE WHEN $8 = 'declined' THEN now() END) \
+           CASE WHEN $8 = 'declined' THEN now() END, $13, $14) \
          RETURNING id",
     )
     .bind(r.caller.key)
@@ -240,6 +248,8 @@ async fn insert(
     .bind(declined.map(|a| a.content_type.as_str()))
     .bind(r.caller.owner)
     .bind(r.caller.attempt)
+    .bind(r.traceparent)
+    .bind(r.tracestate)
     .fetch_one(conn)
     .await
 }

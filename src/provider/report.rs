@@ -29,6 +29,9 @@ pub struct Charge {
     /// The answer parsed, or null when it is not JSON.
     pub response: Option<Value>,
     pub response_type: Option<String>,
+    /// The W3C trace context the request carried.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// What a retry of a key would be answered, for `GET /charges/lookup`.
@@ -79,7 +82,7 @@ impl Ledger {
     ) -> Result<Vec<Charge>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT id, idempotency_key, remembered, tenant, request, content_type, state, response, \
-               response_type, owner, attempt, created_at, answered_at \
+               response_type, owner, attempt, created_at, answered_at, traceparent, tracestate \
              FROM provider_charges \
              WHERE ($1::text IS NULL OR idempotency_key = $1) AND ($2::text IS NULL OR tenant = $2) \
              ORDER BY id",
@@ -164,6 +167,8 @@ fn charge(r: &sqlx::postgres::PgRow) -> Charge {
         state: r.get("state"),
         response: response.and_then(|b| serde_json::from_slice(&b).ok()),
         response_type: r.get("response_type"),
+        traceparent: r.get("traceparent"),
+        tracestate: r.get("tracestate"),
     }
 }
 

@@ -1,28 +1,7 @@
-//! Logging: readable text by default, JSON on request; errors with their
-//! causes.
+//! Errors with their causes, for log lines and problem details.
 
-use crate::config::{LogFormat, LogSettings};
 use std::error::Error;
 use std::fmt;
-use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
-
-/// Installs the global subscriber once; later calls are ignored (tests).
-pub fn init(settings: &LogSettings) {
-    let filter = EnvFilter::try_from_env("DEDUPQ_LOG")
-        .or_else(|_| EnvFilter::try_new(&settings.filter))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes are for people at a terminal; in a file, a pipe or a
-        // log collector they are noise that breaks grep and parsers.
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match settings.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-}
 
 /// Displays an error followed by its causes, `outer: cause: root cause`,
 /// so a log line says *why* ("PostgreSQL is unavailable: … Connection

@@ -1,0 +1,117 @@
+//! The OTLP exporter behind `[telemetry]`: gRPC or HTTP/protobuf, a
+//! parent-based ratio sampler, and a batch processor on a thread of its own
+//! (spans are queued, never exported on the message's path).
+
+use crate::config::{OtlpProtocol, TelemetrySettings};
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use std::time::Duration;
+
+/// Why the exporter could not be built; start-up stops naming the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("invalid setting `telemetry.endpoint`: the OTLP exporter refused it")]
+    Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
+    #[error("invalid setting `telemetry.protocol`: building the HTTP client failed")]
+    Client(#[source] reqwest::Error),
+    #[error("`[telemetry]` needs a Tokio runtime to export from")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+}
+
+pub(super) fn tracer_provider(s: &TelemetrySettings) -> Result<SdkTracerProvider, ExportError> {
+    let exporter = match s.protocol {
+        OtlpProtocol::Grpc => SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(&s.endpoint)
+            .with_timeout(s.export_timeout)
+            .build(),
+        OtlpProtocol::Http => SpanExporter::builder()
+            .with_http()
+            .with_http_client(RuntimeClient::new(s.export_timeout)?)
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(traces_url(&s.endpoint))
+            .with_timeout(s.export_timeout)
+            .build(),
+    }
+    .map_err(ExportError::Exporter)?;
+    let resource = Resource::builder()
+        .with_service_name(s.service_name.clone())
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        // A producer's decision wins: its sampled traces are continued
+        // whole, its unsampled ones not started again here.
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            s.sampling_ratio,
+        ))))
+        .with_resource(resource)
+        .build())
+}
+
+/// OTLP/HTTP's path for traces under the collector's base URL.
+fn traces_url(base: &str) -> String {
+    format!("{}/v1/traces", base.trim_end_matches('/'))
+}
+
+/// The exporter's HTTP client: dedupq's reqwest, run on the process's
+/// Tokio runtime. The SDK's batch processor drives exports from a thread
+/// without a runtime, where an async client could not make progress.
+#[derive(Debug)]
+struct RuntimeClient {
+    client: reqwest::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RuntimeClient {
+    fn new(timeout: Duration) -> Result<Self, ExportError> {
+        Ok(Self {
+            client: reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(ExportError::Client)?,
+            runtime: tokio::runtime::Handle::try_current().map_err(ExportError::NoRuntime)?,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for RuntimeClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let request = reqwest::Request::try_from(request)?;
+        let client = self.client.clone();
+        let (status, headers, body) = self
+            .runtime
+            .spawn(async move {
+                let response = client.execute(request).await?;
+                let (status, headers) = (response.status(), response.headers().clone());
+                Ok::<_, reqwest::Error>((status, headers, response.bytes().await?))
+            })
+            .await??;
+        let mut response = Response::builder().status(status).body(body)?;
+        *response.headers_mut() = headers;
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::traces_url;
+
+    #[test]
+    fn the_http_endpoint_is_a_base_url_under_which_traces_go_to_v1_traces() {
+        assert_eq!(
+            traces_url("http://collector:4318"),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("https://collector/otlp/"),
+            "https://collector/otlp/v1/traces"
+        );
+    }
+}
