@@ -9,14 +9,16 @@ use std::time::Duration;
 
 /// Insert every key; where it exists, take it over only if it is open
 /// (in_progress or unknown), its lease is over (an unknown key held for an
-/// operator has none) and it is the same operation. The outer SELECT reads
-/// the table as of the statement's snapshot (it does not see the CTE's
-/// writes), which tells duplicates, held keys and conflicts apart, and
-/// what the previous attempt left, in the same round trip.
+/// operator has none) and it is the same operation. Keys the statement did
+/// not write are read as of its snapshot (which does not see its own
+/// writes), which tells duplicates, held keys and conflicts apart in the
+/// same round trip; a key it wrote is not read again.
 ///
 /// A new key stores the request of its first attempt (bytes, content type,
 /// derived key); a takeover returns that stored request so the retry sends
-/// exactly it.
+/// exactly it. A takeover of a key whose outcome was unknown, or whose
+/// last attempt never wrote one (its worker died mid-call), marks the key
+/// uncertain: only a settling answer may end it.
 const CLAIM_SQL: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
@@ -40,25 +42,33 @@ claimed AS (
         owner = EXCLUDED.owner,
         attempts = k.attempts + 1,
         attempt_open = true,
+        uncertain_since = CASE WHEN (k.status = 'unknown') OR k.attempt_open
+                               THEN coalesce(k.uncertain_since, now())
+                               ELSE k.uncertain_since END,
         updated_at = now()
     WHERE (k.status IN ('in_progress', 'unknown'))
       AND (k.lease_until <= now())
       AND ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
            OR (k.fingerprint = EXCLUDED.fingerprint))
     RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted,
+              (k.uncertain_since IS NOT NULL) AS uncertain,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
               CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key
 )
 SELECT i.ord,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
-       c.stored_body, c.stored_content_type, c.stored_derived_key,
-       k.status, k.fingerprint, k.fingerprint_version, k.lease_until, k.attempts,
-       ((k.status = 'unknown') OR k.attempt_open) AS uncertain,
-       k.result_status, k.result_body, k.result_content_type
+       c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
+       s.status, s.fingerprint, s.fingerprint_version, s.lease_until, s.attempts,
+       s.result_status, s.result_body, s.result_content_type
 FROM input i
 LEFT JOIN claimed c ON c.tenant = i.tenant AND c.key = i.key
-LEFT JOIN dedupq_keys k ON k.tenant = i.tenant AND k.key = i.key
+LEFT JOIN LATERAL (
+    SELECT k.status, k.fingerprint, k.fingerprint_version, k.lease_until, k.attempts,
+           k.result_status, k.result_body, k.result_content_type
+    FROM dedupq_keys k
+    WHERE (c.key IS NULL) AND k.tenant = i.tenant AND k.key = i.key
+) s ON true
 ORDER BY i.ord
 "#;
 

@@ -7,6 +7,7 @@ mod batch_claims;
 mod concurrency;
 mod conflicts;
 mod failures;
+mod hot_finishes;
 mod invalid_input;
 mod renewal;
 mod retention;
