@@ -24,6 +24,8 @@ pub struct KafkaSettings {
     /// Most messages handed to the engine in one call (one claim round trip).
     pub batch_size: usize,
     /// How long a batch waits for more messages once the first is ready.
+    /// 0: it starts at once with what has arrived; while every batch slot
+    /// is busy, a backlog fills the next batch anyway.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
     /// Batches of disjoint partitions processed at once; a partition is in
@@ -84,7 +86,7 @@ impl Default for KafkaSettings {
             reply_topic: None,
             client: BTreeMap::new(),
             batch_size: 500,
-            batch_linger: Duration::from_millis(5),
+            batch_linger: Duration::ZERO,
             max_batches_in_flight: 4,
             max_buffered_per_partition: 10000,
             max_buffered_bytes: 64 * 1024 * 1024,

@@ -1,6 +1,6 @@
 //! The consume loop: fetch, group into batches (a partition in at most one
 //! batch at a time), hand each batch to a task, put retries back at the
-//! head of their partition, commit the durable prefix on a timer.
+//! head of their partition, commit the durable prefix as batches finish.
 
 use super::batch::{self, BatchDone, Shared};
 use super::context::{commit, Context};
@@ -11,6 +11,7 @@ use super::message::Held;
 use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
 use crate::health::{Component, Health};
+use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::TopicPartitionList;
@@ -25,6 +26,9 @@ pub type KafkaConsumer = StreamConsumer<Context>;
 
 /// Pauses after the store failed a batch.
 const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+/// Shortest gap between two commits: a batch that finishes commits at once
+/// unless another commit left less than this ago (then right after it).
+const COMMIT_SPACING: Duration = Duration::from_millis(10);
 
 pub struct Pump {
     pub consumer: Arc<KafkaConsumer>,
@@ -36,6 +40,13 @@ pub struct Pump {
     batches: JoinSet<BatchDone>,
     linger_from: Option<Instant>,
     store_failures: u32,
+    /// Messages waiting for a batch past which fetched records stay in
+    /// librdkafka's bounded queue instead of this process's: fetching is
+    /// not paused (a pause drops librdkafka's prefetch), only deferred.
+    high_water: usize,
+    last_commit: Instant,
+    /// A batch finished since the last commit: commit at this moment.
+    commit_due: Option<Instant>,
 }
 
 impl Pump {
@@ -51,6 +62,7 @@ impl Pump {
                 settings.max_buffered_per_partition,
                 settings.max_buffered_bytes,
             ),
+            high_water: settings.batch_size * settings.max_batches_in_flight,
             consumer,
             shared,
             ledger,
@@ -59,6 +71,8 @@ impl Pump {
             batches: JoinSet::new(),
             linger_from: None,
             store_failures: 0,
+            last_commit: Instant::now(),
+            commit_due: None,
         }
     }
 
@@ -70,17 +84,25 @@ impl Pump {
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let wake = self.next_wake();
+            let take = self.lanes.backlog(Instant::now()) < self.high_water;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(done) = self.batches.join_next(), if !self.batches.is_empty() => {
                     self.finished(done)?;
+                    self.commit_due.get_or_insert(self.last_commit + COMMIT_SPACING);
                 }
-                msg = consumer.recv() => self.received(msg),
+                msg = consumer.recv(), if take => {
+                    self.received(msg);
+                    self.receive_ready(&consumer);
+                }
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
                 _ = commit_tick.tick() => {
                     self.commit(CommitMode::Async);
                     self.report_stalls();
                 }
+            }
+            if self.commit_due.is_some_and(|t| t <= Instant::now()) {
+                self.commit(CommitMode::Async);
             }
             self.dispatch();
         }
@@ -105,6 +127,18 @@ impl Pump {
         };
         let flow = self.lanes.push(Held::from_record(lane, &msg));
         self.apply_flow(flow);
+    }
+
+    /// Takes what librdkafka already holds, without waiting, so that one
+    /// dispatch sees it all: batches fill from a backlog and never wait
+    /// for one that is not there.
+    fn receive_ready(&mut self, consumer: &KafkaConsumer) {
+        while self.lanes.backlog(Instant::now()) < self.high_water {
+            match consumer.recv().now_or_never() {
+                Some(msg) => self.received(msg),
+                None => return,
+            }
+        }
     }
 
     fn finished(&mut self, done: Result<BatchDone, JoinError>) -> Result<(), KafkaError> {
@@ -184,16 +218,19 @@ impl Pump {
 
     /// The next moment the loop has something to do besides fetching.
     fn next_wake(&self) -> Option<Instant> {
+        let commit = self.commit_due;
         if self.batches.len() >= self.settings.max_batches_in_flight {
-            return None;
+            return commit;
         }
         let linger = self.linger_from.map(|t| t + self.settings.batch_linger);
         let now = Instant::now();
         let unblock = self.lanes.next_unblock().filter(|t| *t > now);
-        linger.into_iter().chain(unblock).min()
+        linger.into_iter().chain(unblock).chain(commit).min()
     }
 
-    fn commit(&self, mode: CommitMode) {
+    fn commit(&mut self, mode: CommitMode) {
+        self.last_commit = Instant::now();
+        self.commit_due = None;
         let positions = self.ledger.to_commit(None);
         match commit(self.consumer.as_ref(), &positions, mode) {
             Ok(()) if matches!(mode, CommitMode::Sync) => {

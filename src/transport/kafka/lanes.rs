@@ -110,6 +110,16 @@ impl Lanes {
             .sum()
     }
 
+    /// Messages waiting for a batch in partitions not waiting out a retry:
+    /// work this process already has in hand.
+    pub fn backlog(&self, now: Instant) -> usize {
+        self.lanes
+            .values()
+            .filter(|q| q.blocked_until.is_none_or(|t| t <= now))
+            .map(|q| q.waiting.len())
+            .sum()
+    }
+
     /// When the earliest partition that waits out a retry becomes ready.
     pub fn next_unblock(&self) -> Option<Instant> {
         self.lanes
