@@ -10,14 +10,19 @@ use std::time::Instant;
 /// `g * STRIDE` for g in 1..=10M spans the first 14 hex digits.
 const STRIDE: i64 = 7_205_759_403;
 
+/// Finished keys as dedupq leaves them (answer and its content type as
+/// bytes, no open attempt), created and finished evenly over the last day.
 const FILL_SQL: &str = r#"
 INSERT INTO dedupq_keys
     (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until,
-     owner, attempts, result_status, result_body, completed_at)
+     owner, attempts, result_status, result_body, result_content_type,
+     created_at, updated_at, completed_at)
 SELECT 'bench', lpad(to_hex(g * 7205759403), 14, '0') || '-prefill-000000000',
-       sha256(int8send(g)), 1, 'done', 1, NULL, 'prefill', 1, 200,
-       '{"charged":true}'::jsonb, now()
-FROM generate_series(1::bigint, $1::bigint) AS g
+       sha256(int8send(g)), 2, 'done', 1, NULL, 'prefill', 1, 200,
+       convert_to('{"charged":true}', 'UTF8'), 'application/json',
+       t, t, t
+FROM generate_series(1::bigint, $1::bigint) AS g,
+     LATERAL (SELECT now() - interval '1 day' + g * (interval '1 day' / $1)) AS c(t)
 "#;
 
 fn key_of(g: i64) -> String {

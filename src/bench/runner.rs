@@ -3,14 +3,16 @@
 
 use super::amqp;
 use super::args::BenchArgs;
-use super::case::{Case, Job, Kind, Measured, Phase};
+use super::case::{Case, Job, Measured, Phase};
 use super::child::run_job;
 use super::kafka::{self, COMMIT_INTERVAL};
 use super::plan::{Plan, STORED_KEYS, STORED_KEYS_SCHEMA};
 use super::prefill;
 use super::produce::{AmqpPublisher, KafkaProducer, Stream};
+use super::replies;
 use super::report::{self, Row};
 use super::service::CASE_LIMIT;
+use super::stats::percentiles;
 use crate::config::Settings;
 use anyhow::Context;
 use rand::Rng;
@@ -93,8 +95,9 @@ pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The throughput run, then a paced run at half its rate. A failed run is
-/// tried once more (other test suites restart the services at times).
+/// The throughput run, or for a latency row the paced run at its rate. A
+/// failed run is tried once more (other test suites restart the services
+/// at times).
 pub async fn run_case(case: &Case, env: &Env) -> Row {
     let mut row = Row {
         case: case.clone(),
@@ -102,19 +105,14 @@ pub async fn run_case(case: &Case, env: &Env) -> Row {
         latency: None,
         error: None,
     };
-    match twice(|| measure(case, Phase::Throughput, 0.0, env)).await {
-        Ok(m) => row.throughput = Some(m),
-        Err(e) => {
-            row.error = Some(format!("{e:#}"));
-            return row;
-        }
-    }
-    if case.latency_secs > 0.0 {
-        let rate = row.rate().unwrap_or_default() / 2.0;
-        match twice(|| measure(case, Phase::Latency, rate, env)).await {
-            Ok(m) => row.latency = Some(m),
-            Err(e) => row.error = Some(format!("latency run: {e:#}")),
-        }
+    let measured = match case.rate {
+        Some(rate) => twice(|| measure(case, Phase::Latency, rate, env)).await,
+        None => twice(|| measure(case, Phase::Throughput, 0.0, env)).await,
+    };
+    match (measured, case.rate) {
+        (Ok(m), Some(_)) => row.latency = Some(m),
+        (Ok(m), None) => row.throughput = Some(m),
+        (Err(e), _) => row.error = Some(format!("{e:#}")),
     }
     row
 }
@@ -153,10 +151,13 @@ async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Res
         database_url: env.database_url.clone(),
         brokers: env.brokers.clone(),
         amqp_url: env.amqp_url.clone(),
+        reply_topic: (phase == Phase::Latency).then(|| format!("{source}.replies")),
         log_path: env.workdir.join(format!("{source}-{phase:?}.log")),
     };
-    let result = if case.kind == Kind::PgLimit {
-        spawn(&job(case.messages, 0), env, None).await
+    let result = if case.kind.store_only() {
+        spawn(&job(case.messages, 0), env, None)
+            .await
+            .map(|(m, _)| m)
     } else {
         let (stream, warmup) = workload(case, phase, rate);
         let job = job(stream.len(), warmup);
@@ -171,6 +172,8 @@ async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Res
     };
     if case.kind.uses_kafka() {
         kafka::delete_topic(&env.brokers, &source).await;
+        kafka::delete_topic(&env.brokers, &format!("{source}.replies")).await;
+        kafka::delete_topic(&env.brokers, &format!("{source}.dlq")).await;
     }
     if case.kind.uses_amqp() {
         amqp::delete(&env.amqp_url, &source).await;
@@ -216,8 +219,13 @@ async fn prepare_and_spawn(
         Phase::Throughput => stream.len(),
         Phase::Latency => job.warmup,
     };
+    let mut listener = None;
     let producer = if job.case.kind.uses_kafka() {
         kafka::create_topic(&env.brokers, &job.source, job.case.partitions).await?;
+        if let Some(reply) = &job.reply_topic {
+            kafka::create_topic(&env.brokers, reply, 1).await?;
+            listener = Some(replies::listen(&env.brokers, reply, 1)?);
+        }
         let producer = KafkaProducer::new(&env.brokers, &job.source)?;
         let (producer, s) = tokio::task::spawn_blocking(move || {
             producer
@@ -234,29 +242,29 @@ async fn prepare_and_spawn(
         Producer::Amqp(Box::new(publisher))
     };
     let paced = (job.phase == Phase::Latency).then_some((producer, stream, rate));
-    spawn(job, env, paced).await
+    let (mut measured, stream) = spawn(job, env, paced).await?;
+    if let (Some(listener), Some(stream)) = (listener, stream) {
+        let sent = stream.stamped();
+        let latencies = listener.latencies(&sent).await?;
+        measured.latency = percentiles(latencies);
+        measured
+            .notes
+            .push(format!("{} messages at {rate} msg/s", sent.len()));
+    }
+    Ok(measured)
 }
 
-/// Runs the child; on READY starts the paced producer (if any).
+/// Runs the child; on READY starts the paced producer (if any), whose
+/// stream comes back with its send stamps.
 async fn spawn(
     job: &Job,
     env: &Env,
     mut paced: Option<(Producer, Stream, f64)>,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, Option<Stream>)> {
     let log = std::fs::File::create(&job.log_path)?;
-    let decisions_logged =
-        job.phase == Phase::Latency && matches!(job.case.kind, Kind::Dedupq | Kind::DedupqAmqp);
     let mut child = tokio::process::Command::new(&env.exe)
         .args(["bench", "--case", &serde_json::to_string(job)?])
-        // Latency runs read dedupq's per-message decision events back.
-        .env(
-            "DEDUPQ_LOG",
-            if decisions_logged {
-                "warn,dedupq::engine::core=debug"
-            } else {
-                "warn"
-            },
-        )
+        .env("DEDUPQ_LOG", "warn")
         .env("DEDUPQ__LOG__FORMAT", "json")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -281,11 +289,12 @@ async fn spawn(
         }
     }
     let status = child.wait().await?;
-    if let Some(p) = producing {
-        p.await.context("paced producer")??;
-    }
+    let stream = match producing {
+        Some(p) => Some(p.await.context("paced producer")??),
+        None => None,
+    };
     match result {
-        Some(m) if status.success() => Ok(m),
+        Some(m) if status.success() => Ok((m, stream)),
         _ => anyhow::bail!(
             "case process failed ({status}); {}:\n{}",
             job.log_path.display(),
@@ -299,16 +308,16 @@ fn pace(
     producer: Producer,
     mut stream: Stream,
     rate: f64,
-) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+) -> tokio::task::JoinHandle<anyhow::Result<Stream>> {
     let range = warmup..stream.len();
     match producer {
-        Producer::Kafka(p) => {
-            tokio::task::spawn_blocking(move || p.send(&mut stream, range, Some(rate)))
-        }
+        Producer::Kafka(p) => tokio::task::spawn_blocking(move || {
+            p.send(&mut stream, range, Some(rate)).map(|()| stream)
+        }),
         Producer::Amqp(p) => tokio::spawn(async move {
             let sent = p.send(&mut stream, range, Some(rate)).await;
             p.close().await;
-            sent
+            sent.map(|()| stream)
         }),
     }
 }
@@ -355,15 +364,15 @@ async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
          PostgreSQL: {pg}\n\
          dedupq settings: engine.max_batch={} engine.concurrency={} \
          engine.lease={:?} store.max_connections={} kafka.batch_size={} kafka.batch_linger={:?} \
-         kafka.max_batches_in_flight={} kafka.max_buffered_per_partition={} \
+         kafka.max_batches_in_flight={} kafka.max_buffered_bytes={} \
          kafka.commit_interval={COMMIT_INTERVAL:?} (bench; configured {:?}) amqp.prefetch={} \
          amqp.batch_linger={:?} amqp.max_batches_in_flight={} amqp.queue_type={}\n\
-         handler: in-process, answers at once. Producer: acks=all, idempotent, linger.ms=1. \
-         Every consumer commits every {COMMIT_INTERVAL:?}.\n\
+         handler: in-process, answers at once. Producer: acks=all, idempotent, linger.ms=0. \
+         Every consumer commits every {COMMIT_INTERVAL:?} at the latest.\n\
          msg/s: pre-produced messages / (first message handled -> group committed to the end; RabbitMQ: last decision/ack).\n\
-         latency: paced run at half the row's msg/s; producer send() -> outcome durable \
-         (dedupq: its 'message decided' event, written after the result is stored; naive: after \
-         the completion UPDATE; raw: received / acked). (d): one batch's claim+finish.",
+         latency (g rows): messages sent at a fixed rate, from the producer's send() to the reply \
+         on the reply topic (dedupq: kafka.reply_topic, produced once the outcome is stored; raw \
+         echo: the record produced back as it arrives). (d), (f): one batch's claim+finish.",
         if args.quick { " --quick" } else { "" },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         env.database_url.split('@').next_back().unwrap_or_default(),
@@ -374,7 +383,7 @@ async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
         k.batch_size,
         k.batch_linger,
         k.max_batches_in_flight,
-        k.max_buffered_per_partition,
+        k.max_buffered_bytes,
         k.commit_interval,
         a.prefetch,
         a.batch_linger,
