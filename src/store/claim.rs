@@ -9,10 +9,12 @@ use std::time::Duration;
 
 /// Insert every key; where it exists, take it over only if it is open
 /// (in_progress or unknown), its lease is over (an unknown key held for an
-/// operator has none) and it is the same operation. Keys the statement did
-/// not write are read as of its snapshot (which does not see its own
-/// writes), which tells duplicates, held keys and conflicts apart in the
-/// same round trip; a key it wrote is not read again.
+/// operator has none) and it is the same operation. The rows it wrote come
+/// back as they are now; every other key is read as of the statement's
+/// snapshot (which does not see its own writes), which tells duplicates,
+/// held keys and conflicts apart in the same round trip. A key it wrote is
+/// not read again, and no join sorts the written rows: they carry their
+/// identity back instead of the input's position.
 ///
 /// A new key stores the request of its first attempt (bytes, content type,
 /// derived key); a takeover returns that stored request so the retry sends
@@ -55,21 +57,29 @@ claimed AS (
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
               CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key
+),
+unclaimed AS MATERIALIZED (
+    SELECT i.ord, i.tenant, i.key FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.tenant = i.tenant AND c.key = i.key)
 )
-SELECT i.ord,
+SELECT NULL::int8 AS ord, c.tenant, c.key,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
        c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
-       s.status, s.fingerprint, s.fingerprint_version, s.lease_until, s.attempts,
-       s.result_status, s.result_body, s.result_content_type
-FROM input i
-LEFT JOIN claimed c ON c.tenant = i.tenant AND c.key = i.key
-LEFT JOIN LATERAL (
-    SELECT k.status, k.fingerprint, k.fingerprint_version, k.lease_until, k.attempts,
-           k.result_status, k.result_body, k.result_content_type
-    FROM dedupq_keys k
-    WHERE (c.key IS NULL) AND k.tenant = i.tenant AND k.key = i.key
-) s ON true
-ORDER BY i.ord
+       NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
+       NULL::timestamptz AS lease_until, NULL::int4 AS attempts,
+       NULL::int4 AS result_status, NULL::bytea AS result_body,
+       NULL::text AS result_content_type
+FROM claimed c
+UNION ALL
+SELECT u.ord, NULL, NULL,
+       NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL,
+       k.status, k.fingerprint, k.fingerprint_version,
+       k.lease_until, k.attempts,
+       k.result_status, k.result_body,
+       k.result_content_type
+FROM unclaimed u
+JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 "#;
 
 /// One message to claim: its identity and operation, and the request a
@@ -196,10 +206,23 @@ impl Store {
             .fetch_all(self.pool())
             .await?;
 
+        let sorted: Vec<(&str, &str)> = tenants.iter().copied().zip(keys.iter().copied()).collect();
         let mut results = vec![ClaimResult::Contended; requests.len()];
         for row in rows {
-            let ord: i64 = row.try_get("ord")?;
-            let request_index = order[(ord - 1) as usize];
+            let position = match row.try_get::<Option<i64>, _>("ord")? {
+                Some(ord) => (ord - 1) as usize,
+                // A written row: its identity, in the sorted input.
+                None => {
+                    let id: (&str, &str) = (row.try_get("tenant")?, row.try_get("key")?);
+                    sorted.binary_search(&id).map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "claimed {}/{}, which was not asked for",
+                            id.0, id.1
+                        ))
+                    })?
+                }
+            };
+            let request_index = order[position];
             results[request_index] = classify(&row, requests[request_index].fingerprint)?;
         }
         Ok(results)
