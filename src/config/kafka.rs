@@ -52,7 +52,9 @@ pub struct KafkaSettings {
     /// prefetched for the partition and fetch it again on resume, so this
     /// is a backstop for a stalled store, not a steady-state throttle.
     pub max_buffered_per_partition: usize,
-    /// How often the contiguous prefix of durable outcomes is committed.
+    /// Shortest time between two commits of the contiguous prefix of
+    /// durable outcomes: a batch that finishes commits at once if the last
+    /// commit is this old, else as soon as it is.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
     /// On revoke and shutdown, how long in-flight batches of the partitions

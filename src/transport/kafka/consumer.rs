@@ -1,6 +1,7 @@
-//! The consume loop: fetch, group into batches (a partition in at most one
-//! batch at a time), hand each batch to a task, put retries back at the
-//! head of their partition, commit the durable prefix as batches finish.
+//! The consume loop: fetch, group into batches (a partition in at most two
+//! at a time, never sharing a key), hand each batch to a task, put retries
+//! back at the head of their partition, commit the durable prefix as
+//! batches finish (at most once per `kafka.commit_interval`).
 
 use super::batch::{self, BatchDone, Shared};
 use super::context::{commit, Context};
@@ -26,9 +27,6 @@ pub type KafkaConsumer = StreamConsumer<Context>;
 
 /// Pauses after the store failed a batch.
 const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
-/// Shortest gap between two commits: a batch that finishes commits at once
-/// unless another commit left less than this ago (then right after it).
-const COMMIT_SPACING: Duration = Duration::from_millis(10);
 
 pub struct Pump {
     pub consumer: Arc<KafkaConsumer>,
@@ -37,7 +35,8 @@ pub struct Pump {
     pub settings: KafkaSettings,
     health: Health,
     lanes: Lanes,
-    batches: JoinSet<BatchDone>,
+    /// Running batches, by the number `Lanes::take_batch` gave them.
+    batches: JoinSet<(u64, BatchDone)>,
     linger_from: Option<Instant>,
     store_failures: u32,
     /// Messages waiting for a batch past which fetched records stay in
@@ -89,7 +88,9 @@ impl Pump {
                 _ = shutdown.cancelled() => break,
                 Some(done) = self.batches.join_next(), if !self.batches.is_empty() => {
                     self.finished(done)?;
-                    self.commit_due.get_or_insert(self.last_commit + COMMIT_SPACING);
+                    // At once if the last commit is old enough, else when it is.
+                    self.commit_due
+                        .get_or_insert(self.last_commit + self.settings.commit_interval);
                 }
                 msg = consumer.recv(), if take => {
                     self.received(msg);
@@ -125,7 +126,9 @@ impl Pump {
         let Some(lane) = self.ledger.received(&tp, msg.offset()) else {
             return;
         };
-        let flow = self.lanes.push(Held::from_record(lane, &msg));
+        let mut held = Held::from_record(lane, &msg);
+        held.hint = self.shared.pipeline.parser().identity_hint(&held.incoming);
+        let flow = self.lanes.push(held);
         self.apply_flow(flow);
     }
 
@@ -133,16 +136,19 @@ impl Pump {
     /// dispatch sees it all: batches fill from a backlog and never wait
     /// for one that is not there.
     fn receive_ready(&mut self, consumer: &KafkaConsumer) {
-        while self.lanes.backlog(Instant::now()) < self.high_water {
+        let now = Instant::now();
+        let mut backlog = self.lanes.backlog(now);
+        while backlog < self.high_water {
             match consumer.recv().now_or_never() {
                 Some(msg) => self.received(msg),
                 None => return,
             }
+            backlog += 1;
         }
     }
 
-    fn finished(&mut self, done: Result<BatchDone, JoinError>) -> Result<(), KafkaError> {
-        let done = done.map_err(KafkaError::BatchTask)?;
+    fn finished(&mut self, done: Result<(u64, BatchDone), JoinError>) -> Result<(), KafkaError> {
+        let (id, done) = done.map_err(KafkaError::BatchTask)?;
         let pause = if done.store_down {
             self.store_failures += 1;
             Some(STORE_PAUSE.after_attempt(self.store_failures))
@@ -160,7 +166,7 @@ impl Pump {
         }
         for lane in &done.lanes {
             let (retries, after) = per_lane.remove(lane).unwrap_or_default();
-            let flow = self.lanes.finished(lane, retries, after);
+            let flow = self.lanes.finished(lane, id, retries, after);
             self.apply_flow(flow);
         }
         Ok(())
@@ -205,14 +211,15 @@ impl Pump {
             if ready < self.settings.batch_size && now < since + self.settings.batch_linger {
                 return;
             }
-            let batch = self.lanes.take_batch(now, self.settings.batch_size);
+            let (id, batch) = self.lanes.take_batch(now, self.settings.batch_size);
             if batch.is_empty() {
                 return;
             }
             let mut lanes: Vec<_> = batch.iter().map(|h| h.lane.clone()).collect();
             lanes.dedup();
             self.ledger.batch_started(&lanes);
-            self.batches.spawn(batch::run(self.shared.clone(), batch));
+            let run = batch::run(self.shared.clone(), batch);
+            self.batches.spawn(async move { (id, run.await) });
         }
     }
 

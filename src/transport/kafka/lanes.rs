@@ -1,7 +1,8 @@
-//! The consume loop's per-partition queues. A partition is in at most one
-//! batch at a time, and a message that must be retried stays at the head of
-//! its partition (retry in place): later messages of that partition wait
-//! behind it, so one key's messages are never reordered.
+//! The consume loop's per-partition queues (see queue.rs). A partition is
+//! in at most two batches at a time, which never share a key, and a
+//! message that must be retried goes back to the head of its partition
+//! (retry in place): later messages of its key wait behind it, so one key's
+//! messages are never reordered.
 //!
 //! The queues are bounded twice: per partition by message count, and all
 //! together by bytes (what librdkafka hands over is copied here), so a
@@ -9,7 +10,8 @@
 
 use super::ledger::{Lane, Tp};
 use super::message::Held;
-use std::collections::{HashMap, VecDeque};
+use super::queue::Queue;
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -22,30 +24,8 @@ pub struct Lanes {
     bytes: usize,
     /// Fetching is paused everywhere for the byte bound.
     over_bytes: bool,
-}
-
-struct Queue {
-    lane: Lane,
-    waiting: VecDeque<Held>,
-    in_batch: usize,
-    bytes: usize,
-    blocked_until: Option<Instant>,
-    paused: bool,
-    /// Last time a message of this partition got a durable outcome, or the
-    /// partition had nothing to do.
-    progress_at: Instant,
-}
-
-impl Queue {
-    fn held(&self) -> usize {
-        self.waiting.len() + self.in_batch
-    }
-
-    fn ready(&self, now: Instant) -> bool {
-        self.in_batch == 0
-            && !self.waiting.is_empty()
-            && self.blocked_until.is_none_or(|t| t <= now)
-    }
+    /// The last batch handed out.
+    last_batch: u64,
 }
 
 /// Fetching to pause or resume, per partition.
@@ -63,6 +43,7 @@ impl Lanes {
             max_bytes,
             bytes: 0,
             over_bytes: false,
+            last_batch: 0,
         }
     }
 
@@ -72,11 +53,11 @@ impl Lanes {
         let q = self
             .lanes
             .entry(held.lane.tp.clone())
-            .or_insert_with(|| new_queue(&held.lane));
+            .or_insert_with(|| Queue::new(&held.lane));
         if q.lane != held.lane {
             // Revoked and assigned again: the old queue is stale.
             self.bytes -= q.bytes;
-            *q = new_queue(&held.lane);
+            *q = Queue::new(&held.lane);
         }
         if q.held() == 0 {
             q.progress_at = Instant::now();
@@ -124,14 +105,16 @@ impl Lanes {
     pub fn next_unblock(&self) -> Option<Instant> {
         self.lanes
             .values()
-            .filter(|q| q.in_batch == 0 && !q.waiting.is_empty())
+            .filter(|q| q.open())
             .filter_map(|q| q.blocked_until)
             .min()
     }
 
-    /// Takes up to `max` messages from ready partitions, oldest first; the
-    /// partitions taken from are busy until `finished`.
-    pub fn take_batch(&mut self, now: Instant, max: usize) -> Vec<Held> {
+    /// Takes up to `max` messages from ready partitions, oldest first, as
+    /// one batch; returns its number (for `finished`) and its messages.
+    pub fn take_batch(&mut self, now: Instant, max: usize) -> (u64, Vec<Held>) {
+        self.last_batch += 1;
+        let id = self.last_batch;
         let mut ready: Vec<&mut Queue> = self.lanes.values_mut().filter(|q| q.ready(now)).collect();
         ready.sort_by_key(|q| q.waiting.front().map(|h| h.incoming.received_at));
         let mut batch = Vec::new();
@@ -140,37 +123,20 @@ impl Lanes {
             if room == 0 {
                 break;
             }
-            let n = room.min(q.waiting.len());
-            batch.extend(q.waiting.drain(..n));
-            q.in_batch = n;
-            q.blocked_until = None;
+            q.take(id, room, &mut batch);
         }
-        batch
+        (id, batch)
     }
 
-    /// A batch released `lane`: `retries` (in offset order) go back to the
-    /// head and hold the partition for `after`. Says which partitions may
-    /// fetch again.
-    pub fn finished(&mut self, lane: &Lane, retries: Vec<Held>, after: Duration) -> Flow {
+    /// Batch `id` released `lane`: `retries` go back in offset order and
+    /// hold the partition for `after`. Says which partitions may fetch
+    /// again.
+    pub fn finished(&mut self, lane: &Lane, id: u64, retries: Vec<Held>, after: Duration) -> Flow {
         let mut flow = Flow::default();
         let Some(q) = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane) else {
             return flow;
         };
-        let done = q.in_batch.saturating_sub(retries.len());
-        q.in_batch = 0;
-        if done > 0 {
-            q.progress_at = Instant::now();
-        }
-        let kept: usize = q.waiting.iter().chain(&retries).map(Held::size).sum();
-        self.bytes -= q.bytes - kept;
-        q.bytes = kept;
-        if !retries.is_empty() {
-            q.blocked_until = Some(Instant::now() + after);
-            for mut held in retries.into_iter().rev() {
-                held.incoming.retries = held.incoming.retries.saturating_add(1);
-                q.waiting.push_front(held);
-            }
-        }
+        self.bytes -= q.land(id, retries, after);
         if q.paused && q.held() <= self.limit / 2 && !self.over_bytes {
             q.paused = false;
             flow.resume.push(q.lane.tp.clone());
@@ -221,17 +187,5 @@ impl Lanes {
 
     pub fn bytes(&self) -> usize {
         self.bytes
-    }
-}
-
-fn new_queue(lane: &Lane) -> Queue {
-    Queue {
-        lane: lane.clone(),
-        waiting: VecDeque::new(),
-        in_batch: 0,
-        bytes: 0,
-        blocked_until: None,
-        paused: false,
-        progress_at: Instant::now(),
     }
 }
