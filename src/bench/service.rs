@@ -131,13 +131,15 @@ async fn wait_for(deadline: Instant, what: &str, done: impl Fn() -> bool) -> any
     Ok(())
 }
 
-/// Messages with a decision (every outcome, every transport).
+/// Messages with a decision (every outcome, every transport). Reads that
+/// one counter only: gathering the whole registry reads /proc, which would
+/// cost the measured process a core's worth when polled this often.
 fn decided(metrics: &Metrics) -> u64 {
+    use prometheus::core::Collector;
     metrics
-        .registry
-        .gather()
+        .messages
+        .collect()
         .iter()
-        .filter(|f| f.name() == "dedupq_messages_total")
         .flat_map(|f| f.get_metric())
         .map(|m| m.get_counter().value() as u64)
         .sum()
