@@ -4,13 +4,14 @@
 use super::case::{Job, Measured};
 use super::service::CASE_LIMIT;
 use super::stats::{peak_rss_kb, usage};
+use crate::config::AmqpSettings;
 use anyhow::Context;
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeleteOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::time::Instant;
 
@@ -25,21 +26,12 @@ async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
     Ok((c, ch))
 }
 
-/// Declares `queue` the way dedupq declares its work queues.
-pub async fn declare(url: &str, queue: &str) -> anyhow::Result<()> {
-    let (c, ch) = channel(url).await?;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("quorum")),
-    );
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    ch.queue_declare(queue.into(), options, args).await?;
-    let _ = c.close(200, "declared".into()).await;
-    Ok(())
+/// Declares the queues of a case with dedupq's own topology code, so that
+/// the work queue has every argument dedupq gives it.
+pub async fn declare(settings: &AmqpSettings) -> anyhow::Result<()> {
+    crate::transport::amqp::prepare_topology(settings)
+        .await
+        .context("declaring the RabbitMQ topology")
 }
 
 /// Messages ready in `queue` (unacked ones are back once consumers left).

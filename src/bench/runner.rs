@@ -11,7 +11,7 @@ use super::prefill;
 use super::produce::{AmqpPublisher, KafkaProducer, Stream};
 use super::replies;
 use super::report::{self, Row};
-use super::service::CASE_LIMIT;
+use super::service::{self, CASE_LIMIT};
 use super::stats::percentiles;
 use crate::config::Settings;
 use anyhow::Context;
@@ -29,6 +29,8 @@ pub struct Env {
     pub workdir: PathBuf,
     /// The dedupq binary that runs the cases.
     pub exe: PathBuf,
+    /// The configuration the cases run with (queue arguments included).
+    pub settings: Settings,
 }
 
 impl Env {
@@ -39,6 +41,7 @@ impl Env {
             amqp_url: args.brokers.amqp_url.clone(),
             workdir: args.workdir.clone(),
             exe: std::env::current_exe().context("locating the dedupq binary")?,
+            settings: settings.clone(),
         })
     }
 }
@@ -236,7 +239,7 @@ async fn prepare_and_spawn(
         stream = s;
         Producer::Kafka(producer)
     } else {
-        amqp::declare(&env.amqp_url, &job.source).await?;
+        amqp::declare(&service::settings(job, true, &env.settings).amqp).await?;
         let publisher = AmqpPublisher::new(&env.amqp_url, &job.source).await?;
         publisher.send(&mut stream, 0..upfront, None).await?;
         Producer::Amqp(Box::new(publisher))
@@ -246,10 +249,12 @@ async fn prepare_and_spawn(
     if let (Some(listener), Some(stream)) = (listener, stream) {
         let sent = stream.stamped();
         let latencies = listener.latencies(&sent).await?;
+        measured.notes.push(format!(
+            "{} messages at {rate} msg/s; {}",
+            sent.len(),
+            tail(latencies.clone())
+        ));
         measured.latency = percentiles(latencies);
-        measured
-            .notes
-            .push(format!("{} messages at {rate} msg/s", sent.len()));
     }
     Ok(measured)
 }
@@ -298,7 +303,7 @@ async fn spawn(
         _ => anyhow::bail!(
             "case process failed ({status}); {}:\n{}",
             job.log_path.display(),
-            tail(&job.log_path)
+            log_tail(&job.log_path)
         ),
     }
 }
@@ -322,7 +327,22 @@ fn pace(
     }
 }
 
-fn tail(path: &Path) -> String {
+/// The slow end of a latency distribution, in ms.
+fn tail(mut samples: Vec<f64>) -> String {
+    if samples.is_empty() {
+        return String::new();
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    format!(
+        "p90 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms",
+        at(0.90),
+        at(0.999),
+        at(1.0)
+    )
+}
+
+fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")

@@ -145,21 +145,27 @@ fn decided(metrics: &Metrics) -> u64 {
         .sum()
 }
 
-/// Where the time went, from the service's own metrics.
+/// Where the time went, from the service's own metrics: statements, their
+/// mean and the histogram bucket their 99th percentile falls in.
 fn breakdown(metrics: &Metrics, handler_calls: usize) -> String {
-    let mean_ms = |statement: &str| {
+    let stats = |statement: &str| {
         let h = metrics.store_duration.with_label_values(&[statement]);
-        (
-            h.get_sample_count(),
-            1000.0 * h.get_sample_sum() / h.get_sample_count().max(1) as f64,
-        )
+        let n = h.get_sample_count();
+        let mean = 1000.0 * h.get_sample_sum() / n.max(1) as f64;
+        let families = prometheus::core::Collector::collect(&h);
+        let p99 = families
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .flat_map(|m| m.get_histogram().get_bucket())
+            .find(|b| b.cumulative_count() as f64 >= 0.99 * n as f64)
+            .map_or(f64::INFINITY, |b| 1000.0 * b.upper_bound());
+        format!("{n} {statement} statements ({mean:.2} ms, p99 <= {p99} ms)")
     };
-    let (claims, claim_ms) = mean_ms("claim");
-    let (finishes, finish_ms) = mean_ms("finish");
     let size = &metrics.claim_batch_size;
     format!(
-        "handler calls {handler_calls}; {claims} claim statements (mean {:.0} keys, {claim_ms:.2} ms); \
-         {finishes} finish statements ({finish_ms:.2} ms)",
-        size.get_sample_sum() / size.get_sample_count().max(1) as f64
+        "handler calls {handler_calls}; {} (mean {:.0} keys); {}",
+        stats("claim"),
+        size.get_sample_sum() / size.get_sample_count().max(1) as f64,
+        stats("finish"),
     )
 }

@@ -15,6 +15,7 @@ fn env() -> Env {
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
         workdir: std::env::temp_dir(),
         exe: PathBuf::from(env!("CARGO_BIN_EXE_dedupq")),
+        settings: dedupq::config::Settings::default(),
     }
 }
 
