@@ -37,6 +37,12 @@ UPDATE dedupq_keys SET uncertain_since = updated_at WHERE status = 'unknown';
 DROP INDEX dedupq_keys_open_by_lease;
 DROP INDEX dedupq_keys_finished_by_completion;
 
+-- One creation time per row rather than per statement: a claim inserts
+-- hundreds of rows at once, and inserting hundreds of equal keys into a
+-- btree (deduplication passes over posting lists) cost more than the rest
+-- of the claim's inserts together.
+ALTER TABLE dedupq_keys ALTER COLUMN created_at SET DEFAULT clock_timestamp();
+
 CREATE INDEX dedupq_keys_by_creation ON dedupq_keys (created_at);
 
 CREATE INDEX dedupq_keys_uncertain
