@@ -6,6 +6,7 @@ use crate::fingerprint::{Fingerprint, FingerprintSpec};
 use crate::identity::{DerivedKeyFormat, IdempotencyKey, Identity, IdentityError, Tenant};
 use crate::json::{self, Json, JsonError};
 pub use crate::message::{Header, Incoming, Source};
+use std::sync::Arc;
 
 /// Why a message cannot be processed at all. It is dead-lettered and never
 /// claims a key.
@@ -70,7 +71,7 @@ pub struct Parser {
     key_header: String,
     key_pointer: Option<String>,
     max_body_bytes: usize,
-    fingerprint: FingerprintSpec,
+    fingerprint: Arc<FingerprintSpec>,
     derived_key: DerivedKeyFormat,
 }
 
@@ -82,7 +83,7 @@ impl Parser {
             key_header: settings.key_header.clone(),
             key_pointer: settings.key_pointer.clone(),
             max_body_bytes: settings.max_body_bytes,
-            fingerprint: settings.fingerprint.clone(),
+            fingerprint: Arc::new(settings.fingerprint.clone()),
             derived_key: DerivedKeyFormat::parse(&settings.derived_key)
                 .unwrap_or(DerivedKeyFormat::Plain),
         }
@@ -147,7 +148,7 @@ impl Parser {
         let key = IdempotencyKey::parse(key_bytes).map_err(InvalidReason::Key)?;
         let identity = Identity { tenant, key };
         Ok(Parsed {
-            fingerprint: self.fingerprint.fingerprint(&body, &msg.body),
+            fingerprint: self.fingerprint.fingerprint_lazily(&body, &msg.body),
             derived_key: self.derived_key.derive(&identity),
             identity,
         })
