@@ -34,6 +34,11 @@ ALTER TABLE dedupq_keys ADD COLUMN uncertain_since timestamptz;
 -- Open attempts of earlier releases are marked when they are taken over.
 UPDATE dedupq_keys SET uncertain_since = updated_at WHERE status = 'unknown';
 
+-- The `unknown` gauge (and the alert on it) counts through the index of
+-- uncertain keys: an unknown key must be in it.
+ALTER TABLE dedupq_keys ADD CONSTRAINT dedupq_keys_unknown_is_uncertain
+    CHECK ((status <> 'unknown') OR (uncertain_since IS NOT NULL));
+
 DROP INDEX dedupq_keys_open_by_lease;
 DROP INDEX dedupq_keys_finished_by_completion;
 

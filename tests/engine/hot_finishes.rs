@@ -182,3 +182,31 @@ async fn taking_over_an_attempt_that_never_ended_marks_the_key_uncertain() {
         vec![(KeyStatus::Unknown, 1)]
     );
 }
+
+/// The unknown gauge counts through the index of uncertain keys; the table
+/// refuses an unknown key that would not be in it.
+#[tokio::test]
+async fn an_unknown_key_without_the_uncertain_mark_is_refused() {
+    let (store, _) = support::isolated_store().await;
+    let insert = |uncertain: &'static str| {
+        let sql = format!(
+            "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, \
+             epoch, owner, attempts, uncertain_since) \
+             VALUES ('acme', 'k-{uncertain}', '\\x00', 2, 'unknown', 1, 'w', 1, {uncertain})"
+        );
+        let pool = store.pool().clone();
+        async move { sqlx::query(&sql).execute(&pool).await }
+    };
+    let refused = insert("NULL").await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("dedupq_keys_unknown_is_uncertain"),
+        "{refused}"
+    );
+    insert("now()").await.unwrap();
+    assert_eq!(
+        store.count_unknown().await.unwrap(),
+        vec![(KeyStatus::Unknown, 1)]
+    );
+}

@@ -22,9 +22,9 @@ async fn purge_removes_only_old_finished_keys_in_batches() {
     .unwrap();
     // Open keys as old as can be: never purged.
     sqlx::query(
-        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts, created_at, updated_at) VALUES \
-         ('acme', 'open', '\\x00', 1, 'in_progress', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days'), \
-         ('acme', 'unsure', '\\x00', 1, 'unknown', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days')",
+        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts, created_at, updated_at, uncertain_since) VALUES \
+         ('acme', 'open', '\\x00', 1, 'in_progress', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days', NULL), \
+         ('acme', 'unsure', '\\x00', 1, 'unknown', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days', now() - interval '3 days')",
     )
     .execute(store.pool())
     .await
