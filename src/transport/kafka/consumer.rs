@@ -1,7 +1,7 @@
-//! The consume loop: fetch, group into batches (a partition in at most two
-//! at a time, never sharing a key), hand each batch to a task, put retries
-//! back at the head of their partition, commit the durable prefix as
-//! batches finish (at most once per `kafka.commit_interval`).
+//! The consume loop: fetch, group into batches (a partition in a few at a
+//! time, never sharing a key), hand each batch to a task, put retries back
+//! at the head of their partition, commit the durable prefix as batches
+//! finish (at most once per `kafka.commit_interval`).
 
 use super::batch::{self, BatchDone, Shared};
 use super::context::{commit, Context};

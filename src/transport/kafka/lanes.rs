@@ -1,5 +1,5 @@
 //! The consume loop's per-partition queues (see queue.rs). A partition is
-//! in at most two batches at a time, which never share a key, and a
+//! in a few batches at a time, which never share a key, and a
 //! message that must be retried goes back to the head of its partition
 //! (retry in place): later messages of its key wait behind it, so one key's
 //! messages are never reordered.

