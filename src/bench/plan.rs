@@ -1,7 +1,8 @@
 //! The cases of one run and their sizes. Sizes are picked so that every
-//! throughput run lasts several seconds here and the whole run stays
-//! within ~10-15 minutes (`--quick`: ~2 minutes, noisier). Rows that a
-//! target compares are measured one right after the other.
+//! throughput run lasts several seconds here (a commit interval of 100 ms
+//! is then a small part of it) and the whole run stays within ~10 minutes
+//! (`--quick`: ~1 minute, noisier). Rows that a target compares are
+//! measured one right after the other.
 
 use super::case::{Case, Kind};
 
@@ -33,28 +34,28 @@ impl Plan {
             latency_secs: 0.0,
         };
         let mut cases = vec![
-            case("a dedupq 1p".into(), Kind::Dedupq, 1, 100_000),
+            case("a dedupq 1p".into(), Kind::Dedupq, 1, 300_000),
             case(
                 "f minimal claim 1 conn".into(),
                 Kind::MinimalClaim,
                 1,
-                300_000,
+                400_000,
             ),
             case("d pg 1 conn".into(), Kind::PgLimit, 1, 300_000),
-            case("b naive 1p".into(), Kind::Naive, 1, 4_000),
+            case("b naive 1p".into(), Kind::Naive, 1, 6_000),
             case("c raw kafka 1p".into(), Kind::RawKafka, 1, 300_000),
             case(
                 format!("a dedupq {MIX_PARTITIONS}p"),
                 Kind::Dedupq,
                 MIX_PARTITIONS,
-                200_000,
+                300_000,
             ),
         ];
         let mut stored = case(
             format!("a dedupq {MIX_PARTITIONS}p 10M keys"),
             Kind::Dedupq,
             MIX_PARTITIONS,
-            100_000,
+            150_000,
         );
         stored.schema = Some(STORED_KEYS_SCHEMA.into());
         cases.push(stored);
@@ -63,23 +64,23 @@ impl Plan {
                 "f minimal claim 4 conns".into(),
                 Kind::MinimalClaim,
                 4,
-                500_000,
+                600_000,
             ),
             case("d pg 4 conns".into(), Kind::PgLimit, 4, 500_000),
-            case("b naive 4p".into(), Kind::Naive, 4, 10_000),
+            case("b naive 4p".into(), Kind::Naive, 4, 15_000),
             case("c raw kafka 4p".into(), Kind::RawKafka, 4, 300_000),
         ]);
         let mut mix = case(
             format!("a dedupq {MIX_PARTITIONS}p 50% dup"),
             Kind::Dedupq,
             MIX_PARTITIONS,
-            200_000,
+            300_000,
         );
         mix.duplicates = true;
         cases.push(mix);
         cases.extend([
-            case("a dedupq 16p".into(), Kind::Dedupq, 16, 200_000),
-            case("b naive 16p".into(), Kind::Naive, 16, 20_000),
+            case("a dedupq 16p".into(), Kind::Dedupq, 16, 300_000),
+            case("b naive 16p".into(), Kind::Naive, 16, 30_000),
             case("c raw kafka 16p".into(), Kind::RawKafka, 16, 300_000),
         ]);
         for rate in LATENCY_RATES {
@@ -91,8 +92,8 @@ impl Plan {
             }
         }
         cases.extend([
-            case("e dedupq amqp".into(), Kind::DedupqAmqp, 1, 60_000),
-            case("e raw amqp".into(), Kind::RawAmqp, 1, 60_000),
+            case("e dedupq amqp".into(), Kind::DedupqAmqp, 1, 100_000),
+            case("e raw amqp".into(), Kind::RawAmqp, 1, 100_000),
         ]);
         Self { quick, cases }
     }
