@@ -28,8 +28,8 @@ pub struct KafkaSettings {
     /// is busy, a backlog fills the next batch anyway.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
-    /// Batches of disjoint partitions processed at once; a partition is in
-    /// at most one batch at a time, which keeps its order.
+    /// Batches processed at once. A partition is in at most three of them,
+    /// which never share a key, so one key's messages keep their order.
     pub max_batches_in_flight: usize,
     /// Bytes of fetched messages held over all partitions (queued or in a
     /// batch) before fetching pauses everywhere; resumes below half.
