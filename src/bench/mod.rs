@@ -13,6 +13,7 @@ mod args;
 mod case;
 mod child;
 mod echo;
+mod header;
 mod kafka;
 mod minimal;
 mod naive;
