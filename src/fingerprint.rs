@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 /// The canonical form of earlier releases.
 pub const LEGACY_VERSION: i16 = 1;
@@ -45,19 +46,73 @@ impl Default for FingerprintSpec {
     }
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct Fingerprint {
     pub version: i16,
     pub digest: [u8; 32],
     /// The version-1 digest of the same message, to compare with rows
     /// stored under version 1 (None when `version` is 1 itself, or when the
     /// body cannot be read the legacy way, e.g. a number beyond `f64`).
-    pub legacy: Option<[u8; 32]>,
+    legacy: Arc<Legacy>,
+}
+
+/// The version-1 digest, worked out the first time a version-1 row asks
+/// for it: it reads the body a second time (as serde_json values), which
+/// cost more than the rest of a message's parsing, and most key tables
+/// hold no version-1 row.
+struct Legacy {
+    digest: OnceLock<Option<[u8; 32]>>,
+    /// What it is worked out from; None once known from the start.
+    from: Option<(Arc<FingerprintSpec>, Box<[u8]>)>,
+}
+
+impl Legacy {
+    fn known(digest: Option<[u8; 32]>) -> Arc<Self> {
+        Arc::new(Self {
+            digest: OnceLock::from(digest),
+            from: None,
+        })
+    }
+
+    fn get(&self) -> Option<&[u8; 32]> {
+        self.digest
+            .get_or_init(|| {
+                let (spec, raw) = self.from.as_ref()?;
+                spec.legacy_of(raw)
+            })
+            .as_ref()
+    }
+}
+
+/// Two fingerprints are equal when version and digest are (the legacy
+/// digest follows from the same body).
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        (self.version, self.digest) == (other.version, other.digest)
+    }
+}
+
+impl Eq for Fingerprint {}
+
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.version, self.digest).hash(state)
+    }
 }
 
 impl Fingerprint {
     pub fn hex(&self) -> String {
         hex(&self.digest)
+    }
+
+    /// The version-1 digest if it was already worked out (never works it
+    /// out): what a claim sends, so that only messages that met a
+    /// version-1 row pay for it.
+    pub fn legacy_if_known(&self) -> Option<&[u8; 32]> {
+        if self.version == LEGACY_VERSION {
+            return Some(&self.digest);
+        }
+        self.legacy.digest.get().and_then(Option::as_ref)
     }
 
     /// The digest to compare with a row stored under `version`; None when
@@ -66,7 +121,7 @@ impl Fingerprint {
         if version == self.version {
             Some(&self.digest)
         } else if version == LEGACY_VERSION {
-            self.legacy.as_ref()
+            self.legacy.get()
         } else {
             None
         }
@@ -117,25 +172,45 @@ impl FingerprintSpec {
     }
 
     /// The fingerprint of a body already read by [`crate::json::parse`];
-    /// `raw` is the same body as received (for the legacy digest).
+    /// `raw` is the same body as received (for the legacy digest, worked
+    /// out here).
     pub fn fingerprint(&self, body: &Json, raw: &[u8]) -> Fingerprint {
-        let legacy_of = || {
-            serde_json::from_slice::<Value>(raw)
-                .ok()
-                .map(|v| self.legacy_digest(&v))
-        };
         if self.version == LEGACY_VERSION {
             return Fingerprint {
                 version: self.version,
-                digest: legacy_of().unwrap_or_else(|| self.exact_digest(body)),
-                legacy: None,
+                digest: self
+                    .legacy_of(raw)
+                    .unwrap_or_else(|| self.exact_digest(body)),
+                legacy: Legacy::known(None),
             };
         }
         Fingerprint {
             version: self.version,
             digest: self.exact_digest(body),
-            legacy: legacy_of(),
+            legacy: Legacy::known(self.legacy_of(raw)),
         }
+    }
+
+    /// The same, with the legacy digest worked out only if a version-1 row
+    /// asks for it.
+    pub fn fingerprint_lazily(self: &Arc<Self>, body: &Json, raw: &[u8]) -> Fingerprint {
+        if self.version == LEGACY_VERSION {
+            return self.fingerprint(body, raw);
+        }
+        Fingerprint {
+            version: self.version,
+            digest: self.exact_digest(body),
+            legacy: Arc::new(Legacy {
+                digest: OnceLock::new(),
+                from: Some((self.clone(), raw.into())),
+            }),
+        }
+    }
+
+    fn legacy_of(&self, raw: &[u8]) -> Option<[u8; 32]> {
+        serde_json::from_slice::<Value>(raw)
+            .ok()
+            .map(|v| self.legacy_digest(&v))
     }
 
     fn exact_digest(&self, body: &Json) -> [u8; 32] {
@@ -324,6 +399,28 @@ mod tests {
         assert_eq!(new.digest_for(7), None);
         assert_eq!(old.digest_for(1), Some(&old.digest));
         assert_eq!(new.to_string(), format!("v2:{}", new.hex()));
+    }
+
+    #[test]
+    fn a_lazy_fingerprint_finds_the_same_version_one_digest_when_asked() {
+        let v2 = Arc::new(FingerprintSpec::default());
+        let v1 = FingerprintSpec {
+            version: 1,
+            ..FingerprintSpec::default()
+        };
+        for text in [r#"{"amount":10.5,"sent_at":"x"}"#, r#"{"amount":1e400}"#] {
+            let body = crate::json::parse(text.as_bytes()).unwrap();
+            let lazy = v2.fingerprint_lazily(&body, text.as_bytes());
+            assert_eq!(lazy, fp(&v2, text));
+            assert_eq!(
+                lazy.digest_for(1),
+                fp(&v2, text).digest_for(1),
+                "{text}: the same legacy digest, or none"
+            );
+            if text.contains("10.5") {
+                assert_eq!(lazy.digest_for(1), Some(&fp(&v1, text).digest));
+            }
+        }
     }
 
     #[test]

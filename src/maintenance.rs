@@ -19,11 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the store is pinged for /readyz.
 const PING_EVERY: Duration = Duration::from_secs(1);
-/// How often open keys (in_progress, unknown) are counted: cheap.
-const COUNT_OPEN_EVERY: Duration = Duration::from_secs(15);
-/// How often finished keys are counted: a scan of most of the table, which
-/// on tens of millions of rows costs seconds of a core.
-const COUNT_FINISHED_EVERY: Duration = Duration::from_secs(600);
+/// How often unknown keys are counted: through their index, cheap.
+const COUNT_UNKNOWN_EVERY: Duration = Duration::from_secs(15);
+/// How often the other statuses are counted: a scan of the table, which on
+/// tens of millions of rows costs seconds of a core.
+const COUNT_SCANNED_EVERY: Duration = Duration::from_secs(600);
 /// How often a standby tries to become the leader.
 const STANDBY_RETRY: Duration = Duration::from_secs(2);
 /// How often the leader checks that the connection holding its lock lives.
@@ -130,8 +130,8 @@ async fn lead(
     shutdown: &CancellationToken,
 ) {
     let mut check = interval(LOCK_CHECK_EVERY);
-    let mut count_open = interval(COUNT_OPEN_EVERY);
-    let mut count_finished = interval(COUNT_FINISHED_EVERY);
+    let mut count_unknown = interval(COUNT_UNKNOWN_EVERY);
+    let mut count_scanned = interval(COUNT_SCANNED_EVERY);
     let mut purge = interval(retention.purge_every);
     let mut keep = retention.keep;
     loop {
@@ -151,8 +151,8 @@ async fn lead(
                     }
                 }
             }
-            _ = count_open.tick() => record_counts(store.count_open().await, metrics),
-            _ = count_finished.tick() => record_counts(store.count_finished().await, metrics),
+            _ = count_unknown.tick() => record_counts(store.count_unknown().await, metrics),
+            _ = count_scanned.tick() => record_counts(store.count_scanned().await, metrics),
             _ = purge.tick() => purge_once(store, &mut conn, retention, &mut keep, metrics).await,
         }
     }

@@ -1,21 +1,19 @@
 //! RabbitMQ plumbing of the benchmark: the work queue (quorum, as dedupq
 //! declares it by default), cleanup, and the raw consume-and-ack consumer.
 
-use super::case::{Job, Measured, Phase};
-use super::service::{sent_at, CASE_LIMIT};
-use super::stats::{now_us, peak_rss_kb, percentiles, usage};
+use super::case::{Job, Measured};
+use super::service::CASE_LIMIT;
+use super::stats::{peak_rss_kb, usage};
+use crate::config::AmqpSettings;
 use anyhow::Context;
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeleteOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::time::Instant;
-
-/// dedupq's default `amqp.prefetch`; the raw consumer gets the same window.
-const PREFETCH: u16 = 256;
 
 async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
     let c = Connection::connect(
@@ -28,21 +26,12 @@ async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
     Ok((c, ch))
 }
 
-/// Declares `queue` the way dedupq declares its work queues.
-pub async fn declare(url: &str, queue: &str) -> anyhow::Result<()> {
-    let (c, ch) = channel(url).await?;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString(LongString::from("quorum")),
-    );
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    ch.queue_declare(queue.into(), options, args).await?;
-    let _ = c.close(200, "declared".into()).await;
-    Ok(())
+/// Declares the queues of a case with dedupq's own topology code, so that
+/// the work queue has every argument dedupq gives it.
+pub async fn declare(settings: &AmqpSettings) -> anyhow::Result<()> {
+    crate::transport::amqp::prepare_topology(settings)
+        .await
+        .context("declaring the RabbitMQ topology")
 }
 
 /// Messages ready in `queue` (unacked ones are back once consumers left).
@@ -83,11 +72,12 @@ pub async fn delete(url: &str, queue: &str) {
     let _ = c.close(200, "cleaned up".into()).await;
 }
 
-/// (e) raw: consume with manual acks, ack every delivery on its own (as
-/// dedupq does), nothing else.
-pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
+/// (e) raw: consume with manual acks, ack every delivery on its own,
+/// nothing else; `prefetch` is dedupq's (`amqp.prefetch`), so both get the
+/// same window.
+pub async fn raw(job: &Job, prefetch: u16) -> anyhow::Result<Measured> {
     let (c, ch) = channel(&job.amqp_url).await?;
-    ch.basic_qos(PREFETCH, BasicQosOptions { global: false })
+    ch.basic_qos(prefetch, BasicQosOptions { global: false })
         .await?;
     let mut consumer = ch
         .basic_consume(
@@ -97,8 +87,7 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
             FieldTable::default(),
         )
         .await?;
-    let latency = job.phase == Phase::Latency;
-    let (mut seen, mut first, mut samples) = (0, None, Vec::new());
+    let (mut seen, mut first) = (0, None);
     let deadline = Instant::now() + CASE_LIMIT;
     while seen < job.expected {
         let next = tokio::time::timeout_at(deadline, consumer.next())
@@ -110,15 +99,7 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
             .acker
             .ack(BasicAckOptions { multiple: false })
             .await?;
-        if latency {
-            if let Some(sent) = sent_at(&delivery.data) {
-                samples.push((now_us() - sent) as f64 / 1000.0);
-            }
-        }
         seen += 1;
-        if latency && seen == job.warmup {
-            println!("READY");
-        }
     }
     let end = Instant::now();
     // The producer publishes at least once (it re-sends what was not
@@ -140,7 +121,7 @@ pub async fn raw(job: &Job) -> anyhow::Result<Measured> {
     Ok(Measured {
         messages: job.expected,
         seconds: (end - first.unwrap_or(end)).as_secs_f64(),
-        latency: percentiles(samples),
+        latency: None,
         peak_rss_kb: peak_rss_kb(),
         notes: vec![
             usage(),

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// (a) Kafka -> dedupq (`Application`, fast in-process handler) -> commit.
+    /// (a) Kafka -> dedupq (`Application`, fast in-process handler) -> commit;
+    /// with a rate, (g): -> the reply on `kafka.reply_topic`.
     Dedupq,
     /// (b) one claim and one completion statement per message, sequential
     /// per partition.
@@ -21,24 +22,37 @@ pub enum Kind {
     DedupqAmqp,
     /// (e) RabbitMQ consume and ack, no deduplication.
     RawAmqp,
-    /// (f) The HTTP API's sync route (`partitions`: concurrent clients).
+    /// (f) the narrowest claim table and two statements per batch, no
+    /// broker: the floor of any PostgreSQL-backed deduplication.
+    MinimalClaim,
+    /// (g) Kafka consume -> produce the record to the reply topic, nothing
+    /// else.
+    Echo,
+    /// (h) The HTTP API's sync route (`partitions`: concurrent clients).
     HttpSync,
-    /// (f) The same handler behind a plain HTTP route, no deduplication.
+    /// (h) The same handler behind a plain HTTP route, no deduplication.
     HttpDirect,
 }
 
 impl Kind {
     pub fn uses_kafka(self) -> bool {
-        matches!(self, Kind::Dedupq | Kind::Naive | Kind::RawKafka)
+        matches!(
+            self,
+            Kind::Dedupq | Kind::Naive | Kind::RawKafka | Kind::Echo
+        )
     }
 
     pub fn uses_amqp(self) -> bool {
         matches!(self, Kind::DedupqAmqp | Kind::RawAmqp)
     }
 
-    /// Whether the parent prepares messages on a broker for the case.
-    pub fn consumes(self) -> bool {
-        self.uses_kafka() || self.uses_amqp()
+    /// Runs without messages prepared on a broker (PostgreSQL alone, or
+    /// HTTP requests the case sends itself).
+    pub fn brokerless(self) -> bool {
+        matches!(
+            self,
+            Kind::PgLimit | Kind::MinimalClaim | Kind::HttpSync | Kind::HttpDirect
+        )
     }
 }
 
@@ -48,8 +62,8 @@ pub struct Case {
     /// Row label, also used by `--only` and the ratio checks.
     pub label: String,
     pub kind: Kind,
-    /// Kafka partitions; for `PgLimit` the number of connections; for the
-    /// HTTP cases the number of concurrent clients.
+    /// Kafka partitions; for `PgLimit` and `MinimalClaim` the number of
+    /// connections; for the HTTP cases the number of concurrent clients.
     pub partitions: i32,
     /// Messages of the throughput run (duplicates included).
     pub messages: usize,
@@ -58,12 +72,12 @@ pub struct Case {
     /// Key-table schema to use as it is (the 10M-row table); None: a
     /// fresh schema, dropped afterwards.
     pub schema: Option<String>,
-    /// How long the paced latency run produces; zero: no latency run.
-    pub latency_secs: f64,
-    /// A what-if row: `kafka.max_buffered_per_partition` set to this
-    /// instead of the configured value.
+    /// A latency row: messages sent at this fixed rate (per second) for
+    /// `latency_secs`, each timed from `send()` to its reply; no
+    /// throughput run.
     #[serde(default)]
-    pub buffered_per_partition: Option<usize>,
+    pub rate: Option<f64>,
+    pub latency_secs: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,8 +85,8 @@ pub struct Case {
 pub enum Phase {
     /// Everything is pre-produced; consume it as fast as possible.
     Throughput,
-    /// Warm up, print READY, then consume a paced stream and report the
-    /// latency of every message.
+    /// Warm up, print READY, then consume a stream paced at the case's
+    /// rate and answer every message on the reply topic.
     Latency,
 }
 
@@ -91,7 +105,10 @@ pub struct Job {
     pub database_url: String,
     pub brokers: String,
     pub amqp_url: String,
-    /// The child's own stderr (dedupq's JSON log), read back for latency.
+    /// Latency runs: where every message is answered.
+    #[serde(default)]
+    pub reply_topic: Option<String>,
+    /// The child's own stderr (dedupq's log).
     pub log_path: PathBuf,
 }
 
@@ -100,7 +117,8 @@ pub struct Job {
 pub struct Measured {
     pub messages: usize,
     pub seconds: f64,
-    /// Latency samples, milliseconds (p50, p99, count).
+    /// Latency samples, milliseconds (p50, p99, count): send() to reply
+    /// for latency rows; one batch's round trips for (d) and (f).
     pub latency: Option<(f64, f64, usize)>,
     /// VmHWM of the child, kB.
     pub peak_rss_kb: u64,

@@ -2,11 +2,11 @@
 //! prints `READY` once warmed up (latency runs) and `RESULT <json>` at the
 //! end, so that its VmHWM is this case's peak RSS.
 
-use super::case::{Job, Kind, Measured, Phase};
+use super::case::{Job, Kind, Measured};
 use super::kafka::{self, Positions, COMMIT_INTERVAL};
-use super::service::{self, sent_at, CASE_LIMIT};
-use super::stats::{now_us, peak_rss_kb, percentiles, usage};
-use super::{amqp, http, naive, pg_limit};
+use super::service::{self, CASE_LIMIT};
+use super::stats::{peak_rss_kb, usage};
+use super::{amqp, echo, http, minimal, naive, pg_limit};
 use crate::config::Settings;
 use rdkafka::consumer::CommitMode;
 use rdkafka::message::Message;
@@ -20,8 +20,10 @@ pub async fn run_job(job: &Job, settings: &Settings) -> anyhow::Result<Measured>
         Kind::DedupqAmqp => service::run(job, true, settings).await,
         Kind::Naive => naive::run(job).await,
         Kind::RawKafka => raw_kafka(job).await,
-        Kind::RawAmqp => amqp::raw(job).await,
+        Kind::RawAmqp => amqp::raw(job, settings.amqp.prefetch).await,
         Kind::PgLimit => pg_limit::run(job).await,
+        Kind::MinimalClaim => minimal::run(job).await,
+        Kind::Echo => echo::run(job).await,
         Kind::HttpSync => http::run(job, settings, true).await,
         Kind::HttpDirect => http::run(job, settings, false).await,
     }
@@ -34,8 +36,7 @@ async fn raw_kafka(job: &Job) -> anyhow::Result<Measured> {
     let consumer = kafka::consumer(&job.brokers, &group, &job.source)?;
     let mut positions = Positions::default();
     let mut tick = tokio::time::interval(COMMIT_INTERVAL);
-    let latency = job.phase == Phase::Latency;
-    let (mut seen, mut first, mut samples) = (0, None, Vec::new());
+    let (mut seen, mut first) = (0, None);
     let deadline = Instant::now() + CASE_LIMIT;
     while seen < job.expected {
         anyhow::ensure!(
@@ -46,16 +47,8 @@ async fn raw_kafka(job: &Job) -> anyhow::Result<Measured> {
             m = consumer.recv() => {
                 let m = m?;
                 first.get_or_insert_with(Instant::now);
-                if latency {
-                    if let Some(sent) = sent_at(m.payload().unwrap_or_default()) {
-                        samples.push((now_us() - sent) as f64 / 1000.0);
-                    }
-                }
                 positions.done(m.partition(), m.offset());
                 seen += 1;
-                if latency && seen == job.warmup {
-                    println!("READY");
-                }
             }
             _ = tick.tick() => positions.commit(&consumer, &job.source, CommitMode::Async),
         }
@@ -67,7 +60,7 @@ async fn raw_kafka(job: &Job) -> anyhow::Result<Measured> {
     Ok(Measured {
         messages: job.expected,
         seconds: (end - start).as_secs_f64(),
-        latency: percentiles(samples),
+        latency: None,
         peak_rss_kb: peak_rss_kb(),
         notes: vec![usage()],
     })

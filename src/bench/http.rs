@@ -27,7 +27,7 @@ const API_KEY: &str = "sk_bench_0123456789abcdef";
 
 pub async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Result<Measured> {
     let clients = job.case.partitions.max(1) as usize;
-    let handler = Arc::new(FastHandler::new(false));
+    let handler = Arc::new(FastHandler::default());
     let stop = CancellationToken::new();
     let addr = if dedupq {
         serve_dedupq(job, base, handler.clone(), stop.clone()).await?

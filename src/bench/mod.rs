@@ -1,7 +1,8 @@
 //! `dedupq bench`: messages/s, end-to-end latency and peak memory of the
 //! pipeline next to its limits (the naive per-message design, raw broker
-//! consumption, PostgreSQL alone), all measured in one run so that the
-//! ratios are comparable on a noisy machine. See BENCHMARKS.md.
+//! consumption and echo, PostgreSQL alone, the narrowest claim table), all
+//! measured in one run so that the ratios are comparable on a noisy
+//! machine. See BENCHMARKS.md.
 //!
 //! The parent process prepares each case (topic, queue, schema, messages)
 //! and spawns one child per measurement (`dedupq bench --case …`), so that
@@ -11,13 +12,17 @@ mod amqp;
 mod args;
 mod case;
 mod child;
+mod echo;
+mod header;
 mod http;
 mod kafka;
+mod minimal;
 mod naive;
 mod pg_limit;
 mod plan;
 mod prefill;
 mod produce;
+mod replies;
 mod report;
 mod runner;
 mod service;

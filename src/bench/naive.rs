@@ -4,10 +4,10 @@
 //! per partition. Same parser, handler, schema and consumer settings as
 //! dedupq, so the difference is the batching.
 
-use super::case::{Job, Measured, Phase};
+use super::case::{Job, Measured};
 use super::kafka::{self, Positions, COMMIT_INTERVAL};
-use super::service::{self, sent_at, FastHandler, CASE_LIMIT};
-use super::stats::{now_us, peak_rss_kb, percentiles, usage};
+use super::service::{self, FastHandler, CASE_LIMIT};
+use super::stats::{peak_rss_kb, usage};
 use crate::config::{IdentitySettings, SecretUrl, StoreSettings};
 use crate::engine::{Incoming, Parser, Source};
 use crate::handler::{Handler, HandlerCall, Request};
@@ -50,9 +50,8 @@ struct Worker {
     handler: FastHandler,
 }
 
-/// A message with a stored outcome: its coordinates and, in latency runs,
-/// milliseconds since it was sent.
-type Done = (i32, i64, Option<f64>);
+/// A message with a stored outcome: its partition and offset.
+type Done = (i32, i64);
 
 pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     let settings = StoreSettings {
@@ -66,7 +65,7 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     let worker = Arc::new(Worker {
         pool: store.pool().clone(),
         parser: Parser::new(&IdentitySettings::default()),
-        handler: FastHandler::new(false),
+        handler: FastHandler::default(),
     });
     let group = service::group(job);
     let consumer = kafka::consumer(&job.brokers, &group, &job.source)?;
@@ -74,7 +73,7 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     let mut lanes: HashMap<i32, mpsc::Sender<OwnedMessage>> = HashMap::new();
     let mut positions = Positions::default();
     let mut tick = tokio::time::interval(COMMIT_INTERVAL);
-    let (mut seen, mut first, mut samples) = (0, None, Vec::new());
+    let (mut seen, mut first) = (0, None);
     let deadline = Instant::now() + CASE_LIMIT;
     while seen < job.expected {
         anyhow::ensure!(
@@ -90,13 +89,9 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
                     .or_insert_with(|| spawn_lane(worker.clone(), done_tx.clone()));
                 lane.send(m).await.context("partition worker stopped")?;
             }
-            Some((partition, offset, latency)) = done_rx.recv() => {
+            Some((partition, offset)) = done_rx.recv() => {
                 positions.done(partition, offset);
-                samples.extend(latency);
                 seen += 1;
-                if job.phase == Phase::Latency && seen == job.warmup {
-                    println!("READY");
-                }
             }
             _ = tick.tick() => positions.commit(&consumer, &job.source, CommitMode::Async),
         }
@@ -107,7 +102,7 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     Ok(Measured {
         messages: job.expected,
         seconds: (end - first.unwrap_or(end)).as_secs_f64(),
-        latency: percentiles(samples),
+        latency: None,
         peak_rss_kb: peak_rss_kb(),
         notes: vec![usage()],
     })
@@ -122,8 +117,8 @@ fn spawn_lane(
     tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
             match worker.process(&m).await {
-                Ok(latency) => {
-                    let _ = done.send((m.partition(), m.offset(), latency));
+                Ok(()) => {
+                    let _ = done.send((m.partition(), m.offset()));
                 }
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), "naive worker failed");
@@ -136,7 +131,7 @@ fn spawn_lane(
 }
 
 impl Worker {
-    async fn process(&self, m: &OwnedMessage) -> anyhow::Result<Option<f64>> {
+    async fn process(&self, m: &OwnedMessage) -> anyhow::Result<()> {
         let mut incoming = Incoming::new(
             Source::Kafka {
                 topic: m.topic().to_string(),
@@ -192,6 +187,6 @@ impl Worker {
                 .await?;
             anyhow::ensure!(done.rows_affected() == 1, "completion of {id} was fenced");
         }
-        Ok(sent_at(&incoming.body).map(|sent| (now_us() - sent) as f64 / 1000.0))
+        Ok(())
     }
 }

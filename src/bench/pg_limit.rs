@@ -57,7 +57,7 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     })
 }
 
-fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint, Vec<u8>)>> {
+pub(super) fn identities(n: usize) -> anyhow::Result<Vec<(Identity, Fingerprint, Vec<u8>)>> {
     let spec = FingerprintSpec::default();
     let tenant = Tenant::parse(TENANT.as_bytes())?;
     let mut rng = rand::rng();

@@ -62,6 +62,15 @@ impl Stream {
         self.order.len()
     }
 
+    /// The keys sent with a stamp, and when they were first sent.
+    pub fn stamped(&self) -> Vec<(String, i64)> {
+        self.keys
+            .iter()
+            .zip(&self.stamps)
+            .filter_map(|(k, s)| s.filter(|t| *t > 0).map(|t| (k.clone(), t)))
+            .collect()
+    }
+
     /// Key, partition and body of the `i`-th message. The body carries the
     /// wall-clock time of the key's first send (`stamp`: now; else 0, which
     /// the consumers leave out of the latency); a duplicate repeats its
@@ -115,7 +124,7 @@ impl KafkaProducer {
             .set("acks", "all")
             .set("enable.idempotence", "true")
             // Batches fill up under load anyway; a lone message leaves at once.
-            .set("linger.ms", "1")
+            .set("linger.ms", "0")
             .set("queue.buffering.max.messages", "1000000")
             .create_with_context(Counting::default())
             .context("creating the Kafka producer")?;

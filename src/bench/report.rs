@@ -1,10 +1,10 @@
 //! The table, the ratios against the targets, and the notes.
 
-use super::case::{Case, Kind, Measured};
-use super::plan::MIX_PARTITIONS;
+use super::case::{Case, Measured};
+use super::plan::{LATENCY_RATES, MIX_PARTITIONS};
 use std::fmt::Write;
 
-/// One case: its throughput run and, if any, its paced latency run.
+/// One case: its throughput run, or (a latency row) its paced run.
 #[derive(Debug, Clone)]
 pub struct Row {
     pub case: Case,
@@ -21,7 +21,10 @@ impl Row {
     /// p50/p99 and the rate they were measured at: the paced run's, or
     /// (PostgreSQL alone) the batch round trips of the throughput run.
     fn latency(&self) -> Option<((f64, f64, usize), f64)> {
-        let m = self.latency.as_ref().or(self.throughput.as_ref())?;
+        if let Some(m) = &self.latency {
+            return Some((m.latency?, self.case.rate.unwrap_or_default()));
+        }
+        let m = self.throughput.as_ref()?;
         Some((m.latency?, m.rate()))
     }
 
@@ -38,11 +41,15 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8}",
+        "{:<26} {:>8} {:>9} {:>8} {:>8} {:>9} {:>8}",
         "case", "messages", "msg/s", "p50 ms", "p99 ms", "at msg/s", "RSS MB"
     );
     for r in rows {
-        let msgs = r.throughput.as_ref().map_or(0, |m| m.messages);
+        let msgs = r
+            .throughput
+            .as_ref()
+            .or(r.latency.as_ref())
+            .map_or(0, |m| m.messages);
         let rate = r.rate().map_or("-".into(), |v| format!("{v:.0}"));
         let (p50, p99, at) = match r.latency() {
             Some(((p50, p99, _), at)) => {
@@ -53,7 +60,7 @@ pub fn table(rows: &[Row]) -> String {
         let rss = r.peak_rss_mb().map_or("-".into(), |v| format!("{v:.0}"));
         let _ = writeln!(
             out,
-            "{:<24} {msgs:>8} {rate:>9} {p50:>8} {p99:>8} {at:>9} {rss:>8}",
+            "{:<26} {msgs:>8} {rate:>9} {p50:>8} {p99:>8} {at:>9} {rss:>8}",
             r.case.label
         );
     }
@@ -83,84 +90,115 @@ fn rate(rows: &[Row], label: &str) -> Option<f64> {
     find(rows, label)?.rate()
 }
 
+/// p50 and p99 of a latency row.
+fn percentiles(rows: &[Row], label: &str) -> Option<(f64, f64)> {
+    let (p50, p99, _) = find(rows, label)?.latency.as_ref()?.latency?;
+    Some((p50, p99))
+}
+
 struct Check {
     what: String,
     measured: Option<f64>,
     target: f64,
-    /// true: measured must be at least target; false: below it.
+    /// true: measured must be at least target; false: at most.
     at_least: bool,
     unit: &'static str,
 }
 
-/// The targets, computed from this run's rows.
+impl Check {
+    fn at_least(what: String, measured: Option<f64>, target: f64, unit: &'static str) -> Self {
+        Self {
+            what,
+            measured,
+            target,
+            at_least: true,
+            unit,
+        }
+    }
+
+    fn at_most(what: String, measured: Option<f64>, target: f64, unit: &'static str) -> Self {
+        Self {
+            at_least: false,
+            ..Self::at_least(what, measured, target, unit)
+        }
+    }
+}
+
+/// The targets, computed from this run's rows.
 pub fn ratios(rows: &[Row]) -> String {
     let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
-    let best = |kind: Kind| {
-        rows.iter()
-            .filter(|r| r.case.kind == kind && !r.case.duplicates && r.case.schema.is_none())
-            .filter(|r| r.case.buffered_per_partition.is_none())
-            .filter_map(Row::rate)
-            .reduce(f64::max)
-    };
-    let dedupq_rows = || {
-        rows.iter()
-            .filter(|r| matches!(r.case.kind, Kind::Dedupq | Kind::DedupqAmqp))
-            .filter(|r| r.case.buffered_per_partition.is_none())
-    };
+    let percent = |a: Option<f64>, b: Option<f64>| ratio(a, b).map(|r| r * 100.0);
     let mut checks = Vec::new();
+    for (p, conns) in [(1, "1 conn"), (4, "4 conns")] {
+        checks.push(Check::at_least(
+            format!("(a) / (f) at {p} partition(s)"),
+            percent(
+                rate(rows, &format!("a dedupq {p}p")),
+                rate(rows, &format!("f minimal claim {conns}")),
+            ),
+            80.0,
+            "%",
+        ));
+    }
+    for r in LATENCY_RATES {
+        let p = percentiles(rows, &format!("g dedupq {r}/s"));
+        checks.push(Check::at_most(
+            format!("latency p50 at {r} msg/s"),
+            p.map(|p| p.0),
+            5.0,
+            " ms",
+        ));
+        checks.push(Check::at_most(
+            format!("latency p99 at {r} msg/s"),
+            p.map(|p| p.1),
+            25.0,
+            " ms",
+        ));
+    }
+    checks.push(Check::at_least(
+        format!("10M stored keys / empty table ({MIX_PARTITIONS}p)"),
+        percent(
+            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p 10M keys")),
+            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p")),
+        ),
+        80.0,
+        "%",
+    ));
+    checks.push(Check::at_least(
+        "RabbitMQ: dedupq / raw".into(),
+        percent(rate(rows, "e dedupq amqp"), rate(rows, "e raw amqp")),
+        60.0,
+        "%",
+    ));
+    checks.push(Check::at_most(
+        "peak RSS at 16 partitions".into(),
+        find(rows, "a dedupq 16p").and_then(Row::peak_rss_mb),
+        150.0,
+        " MB",
+    ));
     for (p, target) in [(1, 10.0), (4, 5.0), (16, 5.0)] {
-        checks.push(Check {
-            what: format!("(a) / (b) at {p} partition(s)"),
-            measured: ratio(
+        checks.push(Check::at_least(
+            format!("(a) / (b) at {p} partition(s)"),
+            ratio(
                 rate(rows, &format!("a dedupq {p}p")),
                 rate(rows, &format!("b naive {p}p")),
             ),
             target,
-            at_least: true,
-            unit: "x",
-        });
+            "x",
+        ));
     }
-    checks.push(Check {
-        what: "best (a) / best (d)".into(),
-        measured: ratio(best(Kind::Dedupq), best(Kind::PgLimit)).map(|r| r * 100.0),
-        target: 60.0,
-        at_least: true,
-        unit: "%",
-    });
-    checks.push(Check {
-        what: "RabbitMQ: dedupq / raw".into(),
-        measured: ratio(rate(rows, "e dedupq amqp"), rate(rows, "e raw amqp")).map(|r| r * 100.0),
-        target: 50.0,
-        at_least: true,
-        unit: "%",
-    });
-    checks.push(Check {
-        what: format!("10M stored keys / empty table ({MIX_PARTITIONS}p)"),
-        measured: ratio(
-            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p 10M keys")),
-            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p")),
-        )
-        .map(|r| r * 100.0),
-        target: 80.0,
-        at_least: true,
-        unit: "%",
-    });
-    checks.push(Check {
-        what: "worst dedupq p99 at half peak".into(),
-        measured: dedupq_rows()
-            .filter_map(|r| r.latency.as_ref()?.latency.map(|l| l.1))
-            .reduce(f64::max),
-        target: 20.0,
-        at_least: false,
-        unit: " ms",
-    });
-    checks.push(Check {
-        what: "largest dedupq peak RSS".into(),
-        measured: dedupq_rows().filter_map(Row::peak_rss_mb).reduce(f64::max),
-        target: 200.0,
-        at_least: false,
-        unit: " MB",
-    });
+    let dedupq = |p: i32| rate(rows, &format!("a dedupq {p}p"));
+    let best_a = [1, 4, 16].into_iter().filter_map(dedupq).reduce(f64::max);
+    let best_d = [rate(rows, "d pg 1 conn"), rate(rows, "d pg 4 conns")]
+        .into_iter()
+        .flatten()
+        .reduce(f64::max);
+    checks.push(Check::at_least(
+        "best (a) / best (d)".into(),
+        percent(best_a, best_d),
+        60.0,
+        "%",
+    ));
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -168,14 +206,14 @@ pub fn ratios(rows: &[Row]) -> String {
         "target", "measured", "target"
     );
     for c in checks {
-        let cmp = if c.at_least { ">=" } else { "<" };
+        let cmp = if c.at_least { ">=" } else { "<=" };
         let (measured, verdict) = match c.measured {
             None => ("-".to_string(), "not measured".to_string()),
             Some(m) => {
                 let met = if c.at_least {
                     m >= c.target
                 } else {
-                    m < c.target
+                    m <= c.target
                 };
                 let by = (m - c.target).abs();
                 (

@@ -3,14 +3,17 @@
 
 use super::amqp;
 use super::args::BenchArgs;
-use super::case::{Case, Job, Kind, Measured, Phase};
+use super::case::{Case, Job, Measured, Phase};
 use super::child::run_job;
-use super::kafka::{self, COMMIT_INTERVAL};
+use super::header;
+use super::kafka;
 use super::plan::{Plan, STORED_KEYS, STORED_KEYS_SCHEMA};
 use super::prefill;
 use super::produce::{AmqpPublisher, KafkaProducer, Stream};
+use super::replies;
 use super::report::{self, Row};
-use super::service::CASE_LIMIT;
+use super::service::{self, CASE_LIMIT};
+use super::stats::percentiles;
 use crate::config::Settings;
 use anyhow::Context;
 use rand::Rng;
@@ -27,6 +30,8 @@ pub struct Env {
     pub workdir: PathBuf,
     /// The dedupq binary that runs the cases.
     pub exe: PathBuf,
+    /// The configuration the cases run with (queue arguments included).
+    pub settings: Settings,
 }
 
 impl Env {
@@ -37,6 +42,7 @@ impl Env {
             amqp_url: args.brokers.amqp_url.clone(),
             workdir: args.workdir.clone(),
             exe: std::env::current_exe().context("locating the dedupq binary")?,
+            settings: settings.clone(),
         })
     }
 }
@@ -52,7 +58,7 @@ pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
     let env = Env::new(&args, settings)?;
     std::fs::create_dir_all(&env.workdir)?;
     let mut plan = Plan::new(args.quick).only(args.only.as_deref());
-    println!("{}", header(&args, &env, settings).await);
+    println!("{}", header::header(&args, &env, settings).await);
     if plan.cases.iter().any(|c| c.schema.is_some()) {
         if args.quick && !prefilled(&env).await {
             println!(
@@ -93,8 +99,9 @@ pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The throughput run, then a paced run at half its rate. A failed run is
-/// tried once more (other test suites restart the services at times).
+/// The throughput run, or for a latency row the paced run at its rate. A
+/// failed run is tried once more (other test suites restart the services
+/// at times).
 pub async fn run_case(case: &Case, env: &Env) -> Row {
     let mut row = Row {
         case: case.clone(),
@@ -102,19 +109,14 @@ pub async fn run_case(case: &Case, env: &Env) -> Row {
         latency: None,
         error: None,
     };
-    match twice(|| measure(case, Phase::Throughput, 0.0, env)).await {
-        Ok(m) => row.throughput = Some(m),
-        Err(e) => {
-            row.error = Some(format!("{e:#}"));
-            return row;
-        }
-    }
-    if case.latency_secs > 0.0 {
-        let rate = row.rate().unwrap_or_default() / 2.0;
-        match twice(|| measure(case, Phase::Latency, rate, env)).await {
-            Ok(m) => row.latency = Some(m),
-            Err(e) => row.error = Some(format!("latency run: {e:#}")),
-        }
+    let measured = match case.rate {
+        Some(rate) => twice(|| measure(case, Phase::Latency, rate, env)).await,
+        None => twice(|| measure(case, Phase::Throughput, 0.0, env)).await,
+    };
+    match (measured, case.rate) {
+        (Ok(m), Some(_)) => row.latency = Some(m),
+        (Ok(m), None) => row.throughput = Some(m),
+        (Err(e), _) => row.error = Some(format!("{e:#}")),
     }
     row
 }
@@ -153,10 +155,13 @@ async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Res
         database_url: env.database_url.clone(),
         brokers: env.brokers.clone(),
         amqp_url: env.amqp_url.clone(),
+        reply_topic: (phase == Phase::Latency).then(|| format!("{source}.replies")),
         log_path: env.workdir.join(format!("{source}-{phase:?}.log")),
     };
-    let result = if !case.kind.consumes() {
-        spawn(&job(case.messages, 0), env, None).await
+    let result = if case.kind.brokerless() {
+        spawn(&job(case.messages, 0), env, None)
+            .await
+            .map(|(m, _)| m)
     } else {
         let (stream, warmup) = workload(case, phase, rate);
         let job = job(stream.len(), warmup);
@@ -171,6 +176,8 @@ async fn measure(case: &Case, phase: Phase, rate: f64, env: &Env) -> anyhow::Res
     };
     if case.kind.uses_kafka() {
         kafka::delete_topic(&env.brokers, &source).await;
+        kafka::delete_topic(&env.brokers, &format!("{source}.replies")).await;
+        kafka::delete_topic(&env.brokers, &format!("{source}.dlq")).await;
     }
     if case.kind.uses_amqp() {
         amqp::delete(&env.amqp_url, &source).await;
@@ -216,8 +223,13 @@ async fn prepare_and_spawn(
         Phase::Throughput => stream.len(),
         Phase::Latency => job.warmup,
     };
+    let mut listener = None;
     let producer = if job.case.kind.uses_kafka() {
         kafka::create_topic(&env.brokers, &job.source, job.case.partitions).await?;
+        if let Some(reply) = &job.reply_topic {
+            kafka::create_topic(&env.brokers, reply, 1).await?;
+            listener = Some(replies::listen(&env.brokers, reply, 1)?);
+        }
         let producer = KafkaProducer::new(&env.brokers, &job.source)?;
         let (producer, s) = tokio::task::spawn_blocking(move || {
             producer
@@ -228,35 +240,37 @@ async fn prepare_and_spawn(
         stream = s;
         Producer::Kafka(producer)
     } else {
-        amqp::declare(&env.amqp_url, &job.source).await?;
+        amqp::declare(&service::settings(job, true, &env.settings).amqp).await?;
         let publisher = AmqpPublisher::new(&env.amqp_url, &job.source).await?;
         publisher.send(&mut stream, 0..upfront, None).await?;
         Producer::Amqp(Box::new(publisher))
     };
     let paced = (job.phase == Phase::Latency).then_some((producer, stream, rate));
-    spawn(job, env, paced).await
+    let (mut measured, stream) = spawn(job, env, paced).await?;
+    if let (Some(listener), Some(stream)) = (listener, stream) {
+        let sent = stream.stamped();
+        let latencies = listener.latencies(&sent).await?;
+        measured.notes.push(format!(
+            "{} messages at {rate} msg/s; {}",
+            sent.len(),
+            tail(latencies.clone())
+        ));
+        measured.latency = percentiles(latencies);
+    }
+    Ok(measured)
 }
 
-/// Runs the child; on READY starts the paced producer (if any).
+/// Runs the child; on READY starts the paced producer (if any), whose
+/// stream comes back with its send stamps.
 async fn spawn(
     job: &Job,
     env: &Env,
     mut paced: Option<(Producer, Stream, f64)>,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, Option<Stream>)> {
     let log = std::fs::File::create(&job.log_path)?;
-    let decisions_logged =
-        job.phase == Phase::Latency && matches!(job.case.kind, Kind::Dedupq | Kind::DedupqAmqp);
     let mut child = tokio::process::Command::new(&env.exe)
         .args(["bench", "--case", &serde_json::to_string(job)?])
-        // Latency runs read dedupq's per-message decision events back.
-        .env(
-            "DEDUPQ_LOG",
-            if decisions_logged {
-                "warn,dedupq::engine::record=debug"
-            } else {
-                "warn"
-            },
-        )
+        .env("DEDUPQ_LOG", "warn")
         .env("DEDUPQ__LOG__FORMAT", "json")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -281,15 +295,16 @@ async fn spawn(
         }
     }
     let status = child.wait().await?;
-    if let Some(p) = producing {
-        p.await.context("paced producer")??;
-    }
+    let stream = match producing {
+        Some(p) => Some(p.await.context("paced producer")??),
+        None => None,
+    };
     match result {
-        Some(m) if status.success() => Ok(m),
+        Some(m) if status.success() => Ok((m, stream)),
         _ => anyhow::bail!(
             "case process failed ({status}); {}:\n{}",
             job.log_path.display(),
-            tail(&job.log_path)
+            log_tail(&job.log_path)
         ),
     }
 }
@@ -299,21 +314,36 @@ fn pace(
     producer: Producer,
     mut stream: Stream,
     rate: f64,
-) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+) -> tokio::task::JoinHandle<anyhow::Result<Stream>> {
     let range = warmup..stream.len();
     match producer {
-        Producer::Kafka(p) => {
-            tokio::task::spawn_blocking(move || p.send(&mut stream, range, Some(rate)))
-        }
+        Producer::Kafka(p) => tokio::task::spawn_blocking(move || {
+            p.send(&mut stream, range, Some(rate)).map(|()| stream)
+        }),
         Producer::Amqp(p) => tokio::spawn(async move {
             let sent = p.send(&mut stream, range, Some(rate)).await;
             p.close().await;
-            sent
+            sent.map(|()| stream)
         }),
     }
 }
 
-fn tail(path: &Path) -> String {
+/// The slow end of a latency distribution, in ms.
+fn tail(mut samples: Vec<f64>) -> String {
+    if samples.is_empty() {
+        return String::new();
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    format!(
+        "p90 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms",
+        at(0.90),
+        at(0.999),
+        at(1.0)
+    )
+}
+
+fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
@@ -344,61 +374,4 @@ async fn prefilled(env: &Env) -> bool {
         .unwrap_or(false);
     pool.close().await;
     filled
-}
-
-/// What was run, where, and with which settings.
-async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
-    let (e, k, a) = (&s.engine, &s.kafka, &s.amqp);
-    let pg = pg_settings(&env.database_url).await;
-    format!(
-        "dedupq bench{} — {} CPUs, {}\n\
-         PostgreSQL: {pg}\n\
-         dedupq settings: engine.max_batch={} engine.concurrency={} \
-         engine.lease={:?} store.max_connections={} kafka.batch_size={} kafka.batch_linger={:?} \
-         kafka.max_batches_in_flight={} kafka.max_buffered_per_partition={} \
-         kafka.commit_interval={COMMIT_INTERVAL:?} (bench; configured {:?}) amqp.prefetch={} \
-         amqp.batch_linger={:?} amqp.max_batches_in_flight={} amqp.queue_type={}\n\
-         handler: in-process, answers at once. Producer: acks=all, idempotent, linger.ms=1. \
-         Every consumer commits every {COMMIT_INTERVAL:?}.\n\
-         msg/s: pre-produced messages / (first message handled -> group committed to the end; RabbitMQ: last decision/ack).\n\
-         latency: paced run at half the row's msg/s; producer send() -> outcome durable \
-         (dedupq: its 'message decided' event, written after the result is stored; naive: after \
-         the completion UPDATE; raw: received / acked). (d): one batch's claim+finish.",
-        if args.quick { " --quick" } else { "" },
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        env.database_url.split('@').next_back().unwrap_or_default(),
-        e.max_batch,
-        e.concurrency,
-        e.lease,
-        s.store.max_connections,
-        k.batch_size,
-        k.batch_linger,
-        k.max_batches_in_flight,
-        k.max_buffered_per_partition,
-        k.commit_interval,
-        a.prefetch,
-        a.batch_linger,
-        a.max_batches_in_flight,
-        a.queue_type.as_str(),
-    )
-}
-
-async fn pg_settings(database_url: &str) -> String {
-    let Ok(pool) = sqlx::PgPool::connect(database_url).await else {
-        return "unreachable".into();
-    };
-    let mut out = Vec::new();
-    for name in [
-        "server_version",
-        "synchronous_commit",
-        "fsync",
-        "shared_buffers",
-    ] {
-        let sql = format!("SHOW {name}");
-        if let Ok(v) = sqlx::query_scalar::<_, String>(&sql).fetch_one(&pool).await {
-            out.push(format!("{name}={v}"));
-        }
-    }
-    pool.close().await;
-    out.join(" ")
 }

@@ -4,16 +4,15 @@
 
 use super::case::{Job, Measured, Phase};
 use super::kafka::{self, COMMIT_INTERVAL};
-use super::stats::{peak_rss_kb, percentiles, usage};
+use super::stats::{peak_rss_kb, usage};
 use crate::config::{SecretUrl, Settings};
 use crate::handler::{Handler, HandlerCall, HandlerOutcome, HandlerResult};
 use crate::metrics::Metrics;
 use crate::startup::Application;
 use anyhow::Context;
 use async_trait::async_trait;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -21,24 +20,14 @@ use tokio::time::Instant;
 pub const CASE_LIMIT: Duration = Duration::from_secs(300);
 
 /// Answers at once, like a handler whose provider call is negligible; the
-/// benchmark measures what dedupq adds around the work. In latency runs it
-/// keeps each key's send stamp from the body.
+/// benchmark measures what dedupq adds around the work.
 #[derive(Default)]
 pub struct FastHandler {
     pub calls: AtomicUsize,
     pub first: OnceLock<Instant>,
-    record: bool,
-    pub stamps: Mutex<Vec<(String, i64)>>,
 }
 
 impl FastHandler {
-    pub fn new(record: bool) -> Self {
-        Self {
-            record,
-            ..Self::default()
-        }
-    }
-
     pub fn outcome() -> HandlerOutcome {
         HandlerOutcome::Success(HandlerResult::json(
             200,
@@ -49,33 +38,11 @@ impl FastHandler {
 
 #[async_trait]
 impl Handler for FastHandler {
-    async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome {
+    async fn handle(&self, _: &HandlerCall<'_>) -> HandlerOutcome {
         self.first.get_or_init(Instant::now);
         self.calls.fetch_add(1, Ordering::Relaxed);
-        if self.record {
-            if let Some(sent) = sent_at(call.request.body) {
-                let key = call.identity.key.as_str().to_string();
-                self.stamps
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((key, sent));
-            }
-        }
         Self::outcome()
     }
-}
-
-/// The producer's stamp, if this message carries one (warm-up and
-/// throughput messages carry 0).
-pub fn sent_at(body: &[u8]) -> Option<i64> {
-    #[derive(serde::Deserialize)]
-    struct Stamp {
-        sent_at_us: Option<i64>,
-    }
-    serde_json::from_slice::<Stamp>(body)
-        .ok()?
-        .sent_at_us
-        .filter(|t| *t > 0)
 }
 
 /// The settings the bench runs with (`base`: defaults, or the file and
@@ -100,9 +67,7 @@ pub fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
         s.kafka.group_id = group(job);
         s.kafka.create_topics = true;
         s.kafka.commit_interval = COMMIT_INTERVAL;
-        if let Some(n) = job.case.buffered_per_partition {
-            s.kafka.max_buffered_per_partition = n;
-        }
+        s.kafka.reply_topic = job.reply_topic.clone();
     }
     s
 }
@@ -115,7 +80,7 @@ pub fn group(job: &Job) -> String {
 pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measured> {
     let settings = settings(job, amqp, base);
     settings.validate()?;
-    let handler = std::sync::Arc::new(FastHandler::new(job.phase == Phase::Latency));
+    let handler = std::sync::Arc::new(FastHandler::default());
     let app = Application::build_with_handler(settings, handler.clone()).await?;
     let metrics = app.metrics().clone();
     let stop = app.shutdown_token();
@@ -123,7 +88,7 @@ pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measu
     let deadline = Instant::now() + CASE_LIMIT;
     if job.phase == Phase::Latency {
         wait_for(deadline, "warm-up", || {
-            handler.calls.load(Ordering::Relaxed) >= job.warmup
+            decided(&metrics) >= job.warmup as u64
         })
         .await?;
         println!("READY");
@@ -146,7 +111,7 @@ pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measu
     stop.cancel();
     task.await.context("service task")??;
     let start = *handler.first.get().context("the handler never ran")?;
-    let mut m = Measured {
+    Ok(Measured {
         messages: job.expected,
         seconds: (end - start).as_secs_f64(),
         peak_rss_kb: peak_rss_kb(),
@@ -155,12 +120,7 @@ pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measu
             usage(),
         ],
         ..Measured::default()
-    };
-    if job.phase == Phase::Latency {
-        let stamps = std::mem::take(&mut *handler.stamps.lock().unwrap_or_else(|e| e.into_inner()));
-        m.latency = percentiles(latencies(&job.log_path, &stamps)?);
-    }
-    Ok(m)
+    })
 }
 
 async fn wait_for(deadline: Instant, what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {
@@ -171,70 +131,41 @@ async fn wait_for(deadline: Instant, what: &str, done: impl Fn() -> bool) -> any
     Ok(())
 }
 
-/// Messages with a decision (every outcome, every transport).
+/// Messages with a decision (every outcome, every transport). Reads that
+/// one counter only: gathering the whole registry reads /proc, which would
+/// cost the measured process a core's worth when polled this often.
 fn decided(metrics: &Metrics) -> u64 {
+    use prometheus::core::Collector;
     metrics
-        .registry
-        .gather()
+        .messages
+        .collect()
         .iter()
-        .filter(|f| f.name() == "dedupq_messages_total")
         .flat_map(|f| f.get_metric())
         .map(|m| m.get_counter().value() as u64)
         .sum()
 }
 
-/// Where the time went, from the service's own metrics.
+/// Where the time went, from the service's own metrics: statements, their
+/// mean and the histogram bucket their 99th percentile falls in.
 fn breakdown(metrics: &Metrics, handler_calls: usize) -> String {
-    let mean_ms = |statement: &str| {
+    let stats = |statement: &str| {
         let h = metrics.store_duration.with_label_values(&[statement]);
-        (
-            h.get_sample_count(),
-            1000.0 * h.get_sample_sum() / h.get_sample_count().max(1) as f64,
-        )
+        let n = h.get_sample_count();
+        let mean = 1000.0 * h.get_sample_sum() / n.max(1) as f64;
+        let families = prometheus::core::Collector::collect(&h);
+        let p99 = families
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .flat_map(|m| m.get_histogram().get_bucket())
+            .find(|b| b.cumulative_count() as f64 >= 0.99 * n as f64)
+            .map_or(f64::INFINITY, |b| 1000.0 * b.upper_bound());
+        format!("{n} {statement} statements ({mean:.2} ms, p99 <= {p99} ms)")
     };
-    let (claims, claim_ms) = mean_ms("claim");
     let size = &metrics.claim_batch_size;
     format!(
-        "handler calls {handler_calls}; {claims} claim statements (mean {:.0} keys, {claim_ms:.2} ms)",
-        size.get_sample_sum() / size.get_sample_count().max(1) as f64
+        "handler calls {handler_calls}; {} (mean {:.0} keys); {}",
+        stats("claim"),
+        size.get_sample_sum() / size.get_sample_count().max(1) as f64,
+        stats("finish"),
     )
-}
-
-/// Milliseconds from each stamped message's send to the service's
-/// "message decided" event for its key (written once the outcome is
-/// stored, i.e. when its offset may be committed or its delivery acked).
-fn latencies(log: &std::path::Path, stamps: &[(String, i64)]) -> anyhow::Result<Vec<f64>> {
-    let text =
-        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
-    let mut decided: HashMap<String, i64> = HashMap::new();
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if v.get("message").and_then(|m| m.as_str()) != Some("message decided") {
-            continue;
-        }
-        let (Some(key), Some(at)) = (
-            v.get("key").and_then(|k| k.as_str()),
-            v.get("timestamp")
-                .and_then(|t| t.as_str())
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()),
-        ) else {
-            continue;
-        };
-        decided
-            .entry(key.to_string())
-            .or_insert(at.timestamp_micros());
-    }
-    let samples: Vec<f64> = stamps
-        .iter()
-        .filter_map(|(key, sent)| decided.get(key).map(|at| (at - sent) as f64 / 1000.0))
-        .collect();
-    anyhow::ensure!(
-        samples.len() == stamps.len(),
-        "{} of {} stamped messages have no decision in the log",
-        stamps.len() - samples.len(),
-        stamps.len()
-    );
-    Ok(samples)
 }

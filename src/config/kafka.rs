@@ -29,10 +29,12 @@ pub struct KafkaSettings {
     /// Most messages handed to the engine in one call (one claim round trip).
     pub batch_size: usize,
     /// How long a batch waits for more messages once the first is ready.
+    /// 0: it starts at once with what has arrived; while every batch slot
+    /// is busy, a backlog fills the next batch anyway.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
-    /// Batches of disjoint partitions processed at once; a partition is in
-    /// at most one batch at a time, which keeps its order.
+    /// Batches processed at once. A partition is in at most three of them,
+    /// which never share a key, so one key's messages keep their order.
     pub max_batches_in_flight: usize,
     /// Bytes of fetched messages held over all partitions (queued or in a
     /// batch) before fetching pauses everywhere; resumes below half.
@@ -55,7 +57,9 @@ pub struct KafkaSettings {
     /// prefetched for the partition and fetch it again on resume, so this
     /// is a backstop for a stalled store, not a steady-state throttle.
     pub max_buffered_per_partition: usize,
-    /// How often the contiguous prefix of durable outcomes is committed.
+    /// Shortest time between two commits of the contiguous prefix of
+    /// durable outcomes: a batch that finishes commits at once if the last
+    /// commit is this old, else as soon as it is.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
     /// On revoke and shutdown, how long in-flight batches of the partitions
@@ -90,7 +94,7 @@ impl Default for KafkaSettings {
             client: BTreeMap::new(),
             client_files: BTreeMap::new(),
             batch_size: 500,
-            batch_linger: Duration::from_millis(5),
+            batch_linger: Duration::ZERO,
             max_batches_in_flight: 4,
             max_buffered_per_partition: 10000,
             max_buffered_bytes: 64 * 1024 * 1024,

@@ -14,6 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -320,10 +321,17 @@ fn outcome_label(outcome: &HandlerOutcome) -> &'static str {
     }
 }
 
-/// The next handler to finish, plus every other that finished with it, so
-/// they are stored together. Tokio's and the set's own fairness budgets end
-/// a drain early, so it drains again after one yield; it stops as soon as
-/// nothing more is ready. The lease keeper keeps renewing meanwhile.
+/// How long handlers that finished wait for the next one before their
+/// outcomes are stored. Handlers that finish together (a fast provider, or
+/// handlers let through the concurrency limit one wave after another, as
+/// permits come back from other batches) are stored in one statement, and
+/// a slow handler never holds back the ones that finished before it for
+/// longer than this.
+const GATHER: Duration = Duration::from_millis(1);
+
+/// The next handler to finish, plus every other that finishes with it or
+/// within `GATHER` of the one before, so they are stored together. The
+/// lease keeper keeps renewing meanwhile.
 async fn next_finished<F: Future<Output = (usize, HandlerOutcome)>>(
     running: &mut FuturesUnordered<F>,
     renewal: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
@@ -342,9 +350,12 @@ async fn next_finished<F: Future<Output = (usize, HandlerOutcome)>>(
         if running.is_empty() {
             break;
         }
-        tokio::task::yield_now().await;
-        match running.next().now_or_never() {
-            Some(Some(done)) => ready.push(done),
+        let next = tokio::select! {
+            next = tokio::time::timeout(GATHER, running.next()) => next,
+            _ = renewal.as_mut() => continue,
+        };
+        match next {
+            Ok(Some(done)) => ready.push(done),
             _ => break,
         }
     }

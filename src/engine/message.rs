@@ -6,6 +6,7 @@ use crate::fingerprint::{Fingerprint, FingerprintSpec};
 use crate::identity::{DerivedKeyFormat, IdempotencyKey, Identity, IdentityError, Tenant};
 use crate::json::{self, Json, JsonError};
 pub use crate::message::{Header, Incoming, Source};
+use std::sync::Arc;
 
 /// Why a message cannot be processed at all. It is dead-lettered and never
 /// claims a key.
@@ -70,7 +71,7 @@ pub struct Parser {
     key_header: String,
     key_pointer: Option<String>,
     max_body_bytes: usize,
-    fingerprint: FingerprintSpec,
+    fingerprint: Arc<FingerprintSpec>,
     derived_key: DerivedKeyFormat,
 }
 
@@ -82,7 +83,7 @@ impl Parser {
             key_header: settings.key_header.clone(),
             key_pointer: settings.key_pointer.clone(),
             max_body_bytes: settings.max_body_bytes,
-            fingerprint: settings.fingerprint.clone(),
+            fingerprint: Arc::new(settings.fingerprint.clone()),
             derived_key: DerivedKeyFormat::parse(&settings.derived_key)
                 .unwrap_or(DerivedKeyFormat::Plain),
         }
@@ -99,6 +100,23 @@ impl Parser {
             TenantSource::Header { name } => Some(name),
             _ => None,
         }
+    }
+
+    /// A hash of the header bytes this message's identity is read from,
+    /// when headers alone decide it (None when the tenant or the key comes
+    /// from the body). Two messages of one identity have the same hint, so
+    /// a transport can keep one key's messages in order without parsing
+    /// bodies; messages with different hints never share an identity.
+    pub fn identity_hint(&self, msg: &Incoming) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        msg.header(&self.key_header)?.hash(&mut hasher);
+        match &self.tenant {
+            TenantSource::Header { name } => msg.header(name).hash(&mut hasher),
+            TenantSource::Fixed { .. } => {}
+            TenantSource::Body { .. } => return None,
+        }
+        Some(hasher.finish())
     }
 
     pub fn parse(&self, msg: &Incoming) -> Result<Parsed, InvalidReason> {
@@ -130,7 +148,7 @@ impl Parser {
         let key = IdempotencyKey::parse(key_bytes).map_err(InvalidReason::Key)?;
         let identity = Identity { tenant, key };
         Ok(Parsed {
-            fingerprint: self.fingerprint.fingerprint(&body, &msg.body),
+            fingerprint: self.fingerprint.fingerprint_lazily(&body, &msg.body),
             derived_key: self.derived_key.derive(&identity),
             identity,
         })
@@ -164,4 +182,41 @@ fn text_at<'a>(body: &'a Json, pointer: &str) -> &'a [u8] {
         .and_then(Json::as_str)
         .map(str::as_bytes)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::IdentitySettings;
+
+    fn msg(tenant: &str, key: &str, body: &str) -> Incoming {
+        Incoming::new(Source::Direct { id: 1 }, body)
+            .with_header("client-id", tenant)
+            .with_header("idempotency-key", key)
+    }
+
+    #[test]
+    fn one_identity_has_one_hint_and_another_tenant_or_key_another() {
+        let parser = Parser::new(&IdentitySettings::default());
+        let hint = |m: &Incoming| parser.identity_hint(m).expect("headers decide");
+        let a = hint(&msg("acme", "k1", r#"{"amount": 1}"#));
+        assert_eq!(a, hint(&msg("acme", "k1", r#"{"amount": 2}"#)));
+        assert_ne!(a, hint(&msg("acme", "k2", r#"{"amount": 1}"#)));
+        assert_ne!(a, hint(&msg("umbrella", "k1", r#"{"amount": 1}"#)));
+    }
+
+    #[test]
+    fn a_message_whose_identity_needs_its_body_has_no_hint() {
+        let parser = Parser::new(&IdentitySettings {
+            tenant: TenantSource::Body {
+                pointer: "/client".into(),
+            },
+            ..IdentitySettings::default()
+        });
+        assert_eq!(parser.identity_hint(&msg("acme", "k1", "{}")), None);
+        let parser = Parser::new(&IdentitySettings::default());
+        let keyless =
+            Incoming::new(Source::Direct { id: 1 }, "{}").with_header("client-id", "acme");
+        assert_eq!(parser.identity_hint(&keyless), None);
+    }
 }

@@ -105,11 +105,20 @@ impl Store {
     ) -> Result<Vec<KeyRow>, StoreError> {
         // $2 is the tenant or NULL (every tenant); $3 the status.
         let sql = match filter {
+            // A scan of the table: in_progress keys are not indexed, so
+            // that a finish writes no index (see migration 0003).
             KeyFilter::Stuck => format!(
                 "SELECT {COLUMNS} FROM dedupq_keys \
                  WHERE ((status = 'unknown') OR ((status = 'in_progress') AND (lease_until <= now()))) \
                  AND (($2::text IS NULL) OR (tenant = $2)) \
                  ORDER BY lease_until LIMIT $1"
+            ),
+            // Through the partial index of uncertain keys.
+            KeyFilter::Status(KeyStatus::Unknown) => format!(
+                "SELECT {COLUMNS} FROM dedupq_keys \
+                 WHERE (uncertain_since IS NOT NULL) AND (status = $3) \
+                 AND (($2::text IS NULL) OR (tenant = $2)) \
+                 ORDER BY updated_at DESC LIMIT $1"
             ),
             KeyFilter::Status(_) => format!(
                 "SELECT {COLUMNS} FROM dedupq_keys \
@@ -125,24 +134,26 @@ impl Store {
         rows.iter().map(KeyRow::from_row).collect()
     }
 
-    /// Row counts of the open statuses (in_progress, unknown), read
-    /// through their partial index: cheap however large the table is.
-    pub async fn count_open(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+    /// The number of `unknown` keys, read through the partial index of
+    /// uncertain keys (every unknown key is one): cheap however large the
+    /// table is.
+    pub async fn count_unknown(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
         self.count_where(
             "SELECT status, count(*) AS n FROM dedupq_keys \
-             WHERE status IN ('in_progress', 'unknown') GROUP BY status",
-            &[KeyStatus::InProgress, KeyStatus::Unknown],
+             WHERE (uncertain_since IS NOT NULL) AND (status = 'unknown') GROUP BY status",
+            &[KeyStatus::Unknown],
         )
         .await
     }
 
-    /// Row counts of the finished statuses (done, failed): a scan of most
-    /// of the table, so call it rarely.
-    pub async fn count_finished(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
+    /// Row counts of the other statuses (in_progress, done, failed): one
+    /// scan of the whole table (no index tells them apart, so that a finish
+    /// writes none), so call it rarely.
+    pub async fn count_scanned(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
         self.count_where(
             "SELECT status, count(*) AS n FROM dedupq_keys \
-             WHERE status IN ('done', 'failed') GROUP BY status",
-            &[KeyStatus::Done, KeyStatus::Failed],
+             WHERE status IN ('in_progress', 'done', 'failed') GROUP BY status",
+            &[KeyStatus::InProgress, KeyStatus::Done, KeyStatus::Failed],
         )
         .await
     }

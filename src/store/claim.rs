@@ -1,7 +1,7 @@
 //! Claiming a batch of keys: one statement, one round trip.
 
 use super::{secs, sorted_order, KeyStatus, Store, StoreError};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, LEGACY_VERSION};
 use crate::identity::{Epoch, Identity};
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -9,18 +9,25 @@ use std::time::Duration;
 
 /// Insert every key; where it exists, take it over only if it is open
 /// (in_progress or unknown), its lease is over (an unknown key held for an
-/// operator has none) and it is the same operation. The outer SELECT reads
-/// the table as of the statement's snapshot (it does not see the CTE's
-/// writes), which tells duplicates, held keys and conflicts apart, and
-/// what the previous attempt left, in the same round trip.
+/// operator has none) and it is the same operation. The rows it wrote come
+/// back as they are now; every other key is read as of the statement's
+/// snapshot (which does not see its own writes), which tells duplicates,
+/// held keys and conflicts apart in the same round trip. A key it wrote is
+/// not read again, and no join sorts the written rows: they carry their
+/// identity back instead of the input's position.
 ///
 /// A row stored under another fingerprint version is taken over on the
 /// key alone, except a version-1 row: it is compared with the message's
-/// version-1 digest (`legacy`), as `classify` compares finished rows.
+/// version-1 digest (`legacy`), as `classify` compares finished rows. That
+/// digest is sent only once known: a claim that meets an open version-1
+/// row without it is not taken over, `classify` works the digest out and
+/// answers `Contended`, and the engine claims again with it.
 ///
 /// A new key stores the request of its first attempt (bytes, content type,
 /// derived key); a takeover returns that stored request so the retry sends
-/// exactly it.
+/// exactly it. A takeover of a key whose outcome was unknown, or whose
+/// last attempt never wrote one (its worker died mid-call), marks the key
+/// uncertain: only a settling answer may end it.
 const CLAIM_SQL: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
@@ -45,6 +52,9 @@ claimed AS (
         owner = EXCLUDED.owner,
         attempts = k.attempts + 1,
         attempt_open = true,
+        uncertain_since = CASE WHEN (k.status = 'unknown') OR k.attempt_open
+                               THEN coalesce(k.uncertain_since, now())
+                               ELSE k.uncertain_since END,
         updated_at = now()
     WHERE (k.status IN ('in_progress', 'unknown'))
       AND (k.lease_until <= now())
@@ -52,24 +62,36 @@ claimed AS (
             AND (k.fingerprint = EXCLUDED.fingerprint))
            OR ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
                AND ((k.fingerprint_version <> 1)
-                    OR (k.fingerprint = coalesce((SELECT l.legacy FROM input l
-                                                  WHERE l.tenant = k.tenant AND l.key = k.key),
-                                                 k.fingerprint)))))
+                    OR (k.fingerprint = (SELECT l.legacy FROM input l
+                                         WHERE l.tenant = k.tenant AND l.key = k.key)))))
     RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted,
+              (k.uncertain_since IS NOT NULL) AS uncertain,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
               CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key
+),
+unclaimed AS MATERIALIZED (
+    SELECT i.ord, i.tenant, i.key FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM claimed c WHERE c.tenant = i.tenant AND c.key = i.key)
 )
-SELECT i.ord,
+SELECT NULL::int8 AS ord, c.tenant, c.key,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
-       c.stored_body, c.stored_content_type, c.stored_derived_key,
-       k.status, k.fingerprint, k.fingerprint_version, k.lease_until, k.attempts,
-       ((k.status = 'unknown') OR k.attempt_open) AS uncertain,
-       k.result_status, k.result_body, k.result_content_type
-FROM input i
-LEFT JOIN claimed c ON c.tenant = i.tenant AND c.key = i.key
-LEFT JOIN dedupq_keys k ON k.tenant = i.tenant AND k.key = i.key
-ORDER BY i.ord
+       c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
+       NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
+       NULL::timestamptz AS lease_until, NULL::int4 AS attempts,
+       NULL::int4 AS result_status, NULL::bytea AS result_body,
+       NULL::text AS result_content_type
+FROM claimed c
+UNION ALL
+SELECT u.ord, NULL, NULL,
+       NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL,
+       k.status, k.fingerprint, k.fingerprint_version,
+       k.lease_until, k.attempts,
+       k.result_status, k.result_body,
+       k.result_content_type
+FROM unclaimed u
+JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 "#;
 
 /// One message to claim: its identity and operation, and the request a
@@ -184,7 +206,7 @@ impl Store {
         let derived: Vec<&str> = order.iter().map(|&i| requests[i].derived_key).collect();
         let legacy: Vec<Option<&[u8]>> = order
             .iter()
-            .map(|&i| requests[i].fingerprint.legacy.as_ref().map(|d| &d[..]))
+            .map(|&i| requests[i].fingerprint.legacy_if_known().map(|d| &d[..]))
             .collect();
 
         let rows = sqlx::query(CLAIM_SQL)
@@ -201,10 +223,23 @@ impl Store {
             .fetch_all(self.pool())
             .await?;
 
+        let sorted: Vec<(&str, &str)> = tenants.iter().copied().zip(keys.iter().copied()).collect();
         let mut results = vec![ClaimResult::Contended; requests.len()];
         for row in rows {
-            let ord: i64 = row.try_get("ord")?;
-            let request_index = order[(ord - 1) as usize];
+            let position = match row.try_get::<Option<i64>, _>("ord")? {
+                Some(ord) => (ord - 1) as usize,
+                // A written row: its identity, in the sorted input.
+                None => {
+                    let id: (&str, &str) = (row.try_get("tenant")?, row.try_get("key")?);
+                    sorted.binary_search(&id).map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "claimed {}/{}, which was not asked for",
+                            id.0, id.1
+                        ))
+                    })?
+                }
+            };
+            let request_index = order[position];
             results[request_index] = classify(&row, requests[request_index].fingerprint)?;
         }
         Ok(results)
@@ -247,12 +282,28 @@ pub(super) fn classify(
     // A row stored under another field set cannot be compared: the key
     // alone decides (see FingerprintSpec::version). Version-1 rows are
     // compared with the message's version-1 digest.
-    if let Some(digest) = fingerprint.digest_for(stored_version) {
+    let comparable = fingerprint.digest_for(stored_version);
+    if let Some(digest) = comparable {
         if stored_digest != digest[..] {
             return Ok(ClaimResult::Conflict);
         }
     }
     let lease_until = row.try_get::<Option<DateTime<Utc>>, _>("lease_until")?;
+    let open = matches!(status.as_str(), "in_progress" | "unknown");
+    let lease_over = lease_until.is_some_and(|t| t <= Utc::now());
+    if open
+        && lease_over
+        && stored_version == LEGACY_VERSION
+        && fingerprint.version != LEGACY_VERSION
+    {
+        // The claim had no version-1 digest to compare with: now it is
+        // known (same operation), claim again with it. A body that cannot
+        // be read the legacy way cannot be shown to be the same payment.
+        return Ok(match comparable {
+            Some(_) => ClaimResult::Contended,
+            None => ClaimResult::Conflict,
+        });
+    }
     Ok(match KeyStatus::parse(&status)? {
         status @ (KeyStatus::Done | KeyStatus::Failed) => ClaimResult::Duplicate(StoredResult {
             status,

@@ -15,13 +15,12 @@ const EPOCH_FENCE: &str = "";
 /// One statement for a batch of finishes of any kind. `in_progress` with a
 /// lease ending now is a release: the next delivery takes over at once. An
 /// unknown outcome held for an operator has no lease at all, so no claim
-/// takes it over. A fault refunds the attempt it used.
+/// takes it over. A fault refunds the attempt it used. An unknown outcome
+/// marks the key uncertain; a done or failed one clears the mark.
 ///
-/// "Still open" is spelled `completed_at IS NULL` (equivalent by the
-/// table's CHECK) rather than by status: a status filter matches the
-/// partial index of open keys, which the planner then scans whole — with
-/// every dead entry a busy table leaves there — instead of looking each
-/// key up by primary key.
+/// It changes no indexed column of an ordinary key (`uncertain_since`
+/// stays NULL, see migration 0003), so on a page with room it is a HOT
+/// update: no index entry is written.
 fn finish_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
@@ -35,6 +34,9 @@ UPDATE dedupq_keys AS k SET
     last_error = u.error,
     lease_until = CASE WHEN u.status IN ('done', 'failed') OR u.hold THEN NULL ELSE now() END,
     completed_at = CASE WHEN u.status IN ('done', 'failed') THEN now() ELSE NULL END,
+    uncertain_since = CASE WHEN u.status = 'unknown' THEN coalesce(k.uncertain_since, now())
+                           WHEN u.status IN ('done', 'failed') THEN NULL
+                           ELSE k.uncertain_since END,
     attempts = k.attempts - u.refund,
     attempt_open = false,
     updated_at = now()

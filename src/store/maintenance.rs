@@ -12,9 +12,6 @@ use std::time::Duration;
 const UPKEEP_LOCK_SQL: &str =
     "SELECT pg_try_advisory_lock(1684303985, 'dedupq_keys'::regclass::oid::int4)";
 
-/// `completed_at IS NULL AND status <> 'unknown'` means in_progress (by the
-/// table's CHECK), spelled so that the planner looks keys up by primary key
-/// rather than scanning the partial index of open keys (see finish.rs).
 const RENEW_SQL: &str = r#"
 UPDATE dedupq_keys AS k SET
     lease_until = now() + make_interval(secs => $4),
@@ -22,18 +19,23 @@ UPDATE dedupq_keys AS k SET
 FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS u(tenant, key, epoch, ord)
 WHERE k.tenant = u.tenant AND k.key = u.key
   AND k.epoch = u.epoch
-  AND k.completed_at IS NULL AND k.status <> 'unknown'
+  AND k.status = 'in_progress'
 RETURNING u.ord
 "#;
 
-/// Finished rows only, oldest first; rows another transaction holds are
-/// left for the next round rather than waited on.
+/// Finished rows only, oldest first, walked through the creation index (a
+/// row finished before the cutoff was created before it): no index on the
+/// completion time, which a finish would have to write. Rows created
+/// before the cutoff that are still open or finished since are passed
+/// over; rows another transaction holds are left for the next round rather
+/// than waited on.
 const PURGE_SQL: &str = r#"
 WITH doomed AS (
     SELECT tenant, key FROM dedupq_keys
-    WHERE (status IN ('done', 'failed'))
+    WHERE (created_at < now() - make_interval(secs => $1))
       AND (completed_at < now() - make_interval(secs => $1))
-    ORDER BY completed_at
+      AND (status IN ('done', 'failed'))
+    ORDER BY created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )

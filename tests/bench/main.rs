@@ -15,10 +15,11 @@ fn env() -> Env {
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
         workdir: std::env::temp_dir(),
         exe: PathBuf::from(env!("CARGO_BIN_EXE_dedupq")),
+        settings: dedupq::config::Settings::default(),
     }
 }
 
-fn tiny(label: &str, kind: Kind, messages: usize, latency_secs: f64) -> Case {
+fn tiny(label: &str, kind: Kind, messages: usize) -> Case {
     Case {
         label: label.into(),
         kind,
@@ -26,14 +27,14 @@ fn tiny(label: &str, kind: Kind, messages: usize, latency_secs: f64) -> Case {
         messages,
         duplicates: false,
         schema: None,
-        latency_secs,
-        buffered_per_partition: None,
+        rate: None,
+        latency_secs: 0.0,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_smallest_dedupq_case_reports_a_rate_latencies_and_memory() {
-    let row = run_case(&tiny("a dedupq tiny", Kind::Dedupq, 2000, 1.0), &env()).await;
+async fn the_smallest_dedupq_case_reports_a_rate_and_memory() {
+    let row = run_case(&tiny("a dedupq tiny", Kind::Dedupq, 2000), &env()).await;
     assert!(row.error.is_none(), "{:?}", row.error);
     let t = row.throughput.as_ref().expect("throughput measured");
     assert_eq!(t.messages, 2000);
@@ -42,19 +43,16 @@ async fn the_smallest_dedupq_case_reports_a_rate_latencies_and_memory() {
         t.notes.iter().any(|n| n.contains("handler calls 2000;")),
         "{t:?}"
     );
-    let l = row.latency.as_ref().expect("latency measured");
-    let (p50, p99, samples) = l.latency.expect("latency samples");
-    assert!(samples >= 100, "{l:?}");
-    assert!(0.0 < p50 && p50 <= p99 && p99 < 10_000.0, "{l:?}");
     let rss = row.peak_rss_mb().expect("peak RSS");
     assert!((5.0..1000.0).contains(&rss), "{rss} MB");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_naive_and_postgres_only_cases_report_rates() {
+async fn the_naive_postgres_only_and_minimal_claim_cases_report_rates() {
     for case in [
-        tiny("b naive tiny", Kind::Naive, 200, 0.0),
-        tiny("d pg tiny", Kind::PgLimit, 2000, 0.0),
+        tiny("b naive tiny", Kind::Naive, 200),
+        tiny("d pg tiny", Kind::PgLimit, 2000),
+        tiny("f minimal claim tiny", Kind::MinimalClaim, 2000),
     ] {
         let row = run_case(&case, &env()).await;
         assert!(row.error.is_none(), "{}: {:?}", case.label, row.error);
@@ -62,5 +60,20 @@ async fn the_naive_and_postgres_only_cases_report_rates() {
         assert_eq!(t.messages, case.messages);
         assert!(t.rate() > 10.0, "{}: {t:?}", case.label);
         assert!(t.peak_rss_kb > 0, "{}: {t:?}", case.label);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_rows_time_every_paced_message_from_send_to_its_reply() {
+    for kind in [Kind::Echo, Kind::Dedupq] {
+        let mut case = tiny("g tiny 100/s", kind, 0);
+        case.rate = Some(100.0);
+        case.latency_secs = 1.0;
+        let row = run_case(&case, &env()).await;
+        assert!(row.error.is_none(), "{kind:?}: {:?}", row.error);
+        let l = row.latency.as_ref().expect("latency measured");
+        let (p50, p99, samples) = l.latency.expect("latency samples");
+        assert_eq!(samples, 100, "{kind:?}: one sample per paced message");
+        assert!(0.0 < p50 && p50 <= p99 && p99 < 10_000.0, "{kind:?}: {l:?}");
     }
 }

@@ -8,6 +8,7 @@ mod concurrency;
 mod conflicts;
 mod failures;
 mod fingerprint_versions;
+mod hot_finishes;
 mod invalid_input;
 mod odd_answers;
 mod renewal;

@@ -12,18 +12,19 @@ async fn purge_removes_only_old_finished_keys_in_batches() {
         .map(|i| support::message("acme", &format!("k{i}"), r#"{"amount": 1}"#))
         .collect();
     engine.process(&batch).await.unwrap();
-    // k0..k4 finished two days ago; k5, k6 just now.
+    // k0..k4 claimed and finished two days ago; k5, k6 just now.
     sqlx::query(
-        "UPDATE dedupq_keys SET completed_at = now() - interval '2 days' WHERE key IN ('k0','k1','k2','k3','k4')",
+        "UPDATE dedupq_keys SET created_at = now() - interval '2 days', \
+         completed_at = now() - interval '2 days' WHERE key IN ('k0','k1','k2','k3','k4')",
     )
     .execute(store.pool())
     .await
     .unwrap();
     // Open keys as old as can be: never purged.
     sqlx::query(
-        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts, created_at, updated_at) VALUES \
-         ('acme', 'open', '\\x00', 1, 'in_progress', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days'), \
-         ('acme', 'unsure', '\\x00', 1, 'unknown', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days')",
+        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts, created_at, updated_at, uncertain_since) VALUES \
+         ('acme', 'open', '\\x00', 1, 'in_progress', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days', NULL), \
+         ('acme', 'unsure', '\\x00', 1, 'unknown', 1, now() - interval '3 days', 'w', 1, now() - interval '3 days', now() - interval '3 days', now() - interval '3 days')",
     )
     .execute(store.pool())
     .await
@@ -46,6 +47,43 @@ async fn purge_removes_only_old_finished_keys_in_batches() {
         .unwrap();
     left.sort();
     assert_eq!(left, ["k5", "k6", "open", "unsure"]);
+}
+
+/// Purges walk the creation index: a key claimed long ago but finished
+/// only recently (an unknown outcome settled late) keeps its full
+/// retention after it finished.
+#[tokio::test]
+async fn a_key_claimed_long_ago_but_finished_recently_is_kept() {
+    let (store, _) = support::isolated_store().await;
+    let engine = support::engine(
+        &store,
+        Arc::new(Recording::default()),
+        support::fast_options(),
+    );
+    let batch: Vec<_> = ["late", "old"]
+        .iter()
+        .map(|k| support::message("acme", k, r#"{"amount": 1}"#))
+        .collect();
+    engine.process(&batch).await.unwrap();
+    sqlx::query(
+        "UPDATE dedupq_keys SET created_at = now() - interval '3 days', \
+         completed_at = CASE key WHEN 'late' THEN now() - interval '1 hour' \
+                                 ELSE now() - interval '2 days' END",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let purged = store
+        .purge(Duration::from_secs(24 * 3600), 10)
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    let left: Vec<String> = sqlx::query_scalar("SELECT key FROM dedupq_keys")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, ["late"]);
 }
 
 #[test]

@@ -11,6 +11,7 @@ fn env() -> Env {
         amqp_url: crate::support::amqp::amqp_url(),
         workdir: std::env::temp_dir(),
         exe: PathBuf::from(env!("CARGO_BIN_EXE_dedupq")),
+        settings: dedupq::config::Settings::default(),
     }
 }
 
@@ -18,14 +19,14 @@ fn env() -> Env {
 async fn the_http_rows_report_requests_per_second_and_latencies_with_and_without_dedupq() {
     for kind in [Kind::HttpSync, Kind::HttpDirect] {
         let case = Case {
-            label: format!("f {kind:?} tiny"),
+            label: format!("h {kind:?} tiny"),
             kind,
             partitions: 20,
             messages: 400,
             duplicates: false,
             schema: None,
+            rate: None,
             latency_secs: 0.0,
-            buffered_per_partition: None,
         };
         let row = run_case(&case, &env()).await;
         assert!(row.error.is_none(), "{kind:?}: {:?}", row.error);

@@ -94,7 +94,8 @@ async fn keys_show_list_release_and_purge_work_against_the_real_table() {
     assert!(err.contains("not open"), "{err}");
 
     sqlx::query(
-        "UPDATE dedupq_keys SET completed_at = now() - interval '3 days' WHERE key = 'paid'",
+        "UPDATE dedupq_keys SET created_at = now() - interval '3 days', \
+         completed_at = now() - interval '3 days' WHERE key = 'paid'",
     )
     .execute(store.pool())
     .await

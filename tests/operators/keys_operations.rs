@@ -18,11 +18,12 @@ fn config(store: &StoreSettings) -> std::path::PathBuf {
 async fn rows(store: &Store) {
     sqlx::query(
         "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, \
-         owner, attempts, completed_at) VALUES \
-         ('acme', 'u1', '\\x00', 1, 'unknown', 1, 'w', 1, NULL), \
-         ('acme', 'u2', '\\x00', 1, 'unknown', 1, 'w', 1, NULL), \
-         ('globex', 'u3', '\\x00', 1, 'unknown', 1, 'w', 1, NULL), \
-         ('acme', 'old', '\\x00', 1, 'done', 1, 'w', 1, now() - interval '3 hours')",
+         owner, attempts, created_at, completed_at, uncertain_since) VALUES \
+         ('acme', 'u1', '\\x00', 1, 'unknown', 1, 'w', 1, now(), NULL, now()), \
+         ('acme', 'u2', '\\x00', 1, 'unknown', 1, 'w', 1, now(), NULL, now()), \
+         ('globex', 'u3', '\\x00', 1, 'unknown', 1, 'w', 1, now(), NULL, now()), \
+         ('acme', 'old', '\\x00', 1, 'done', 1, 'w', 1, now() - interval '3 hours', \
+          now() - interval '3 hours', NULL)",
     )
     .execute(store.pool())
     .await

@@ -10,8 +10,9 @@ use std::time::Duration;
 async fn old_done_rows(store: &Store, prefix: &str, n: i32) {
     sqlx::query(
         "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, \
-         owner, attempts, completed_at) \
-         SELECT 'acme', $1 || g, '\\x00', 1, 'done', 1, 'gone', 1, now() - interval '3 hours' \
+         owner, attempts, created_at, completed_at) \
+         SELECT 'acme', $1 || g, '\\x00', 1, 'done', 1, 'gone', 1, \
+                now() - interval '3 hours', now() - interval '3 hours' \
          FROM generate_series(1, $2) AS g",
     )
     .bind(prefix)

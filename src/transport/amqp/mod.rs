@@ -17,3 +17,4 @@ mod topology;
 pub use crate::config::{AmqpSettings, QueueType, Topology};
 pub use error::AmqpError;
 pub use runner::run;
+pub use topology::prepare_alone as prepare_topology;

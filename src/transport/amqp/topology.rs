@@ -27,6 +27,16 @@ pub(super) async fn prepare(
     Ok(())
 }
 
+/// Connects, declares or verifies the topology, and disconnects: for a
+/// tool that publishes to dedupq's queues before dedupq starts (the
+/// benchmark), so both agree on every queue argument.
+pub async fn prepare_alone(settings: &AmqpSettings) -> Result<(), AmqpError> {
+    let connection = super::connection::connect(settings).await?;
+    let prepared = prepare(&connection, settings).await;
+    let _ = connection.close(200, "topology ready".into()).await;
+    prepared
+}
+
 struct Plan<'a> {
     settings: &'a AmqpSettings,
 }

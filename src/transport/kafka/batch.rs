@@ -44,15 +44,24 @@ enum Applied {
     Abandoned,
 }
 
-pub async fn run(shared: Arc<Shared>, batch: Vec<Held>) -> BatchDone {
+pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
     let mut lanes: Vec<Lane> = Vec::new();
     for h in &batch {
         if !lanes.contains(&h.lane) {
             lanes.push(h.lane.clone());
         }
     }
-    let incomings: Vec<Incoming> = batch.iter().map(|h| h.incoming.clone()).collect();
-    let decisions = match shared.pipeline.process(&incomings).await {
+    // Lent to the pipeline and put back, rather than copied.
+    let empty = Incoming::new(crate::engine::Source::Direct { id: 0 }, Vec::new());
+    let incomings: Vec<Incoming> = batch
+        .iter_mut()
+        .map(|h| std::mem::replace(&mut h.incoming, empty.clone()))
+        .collect();
+    let processed = shared.pipeline.process(&incomings).await;
+    for (h, incoming) in batch.iter_mut().zip(incomings) {
+        h.incoming = incoming;
+    }
+    let decisions = match processed {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::chain(&e), messages = batch.len(),

@@ -109,9 +109,14 @@ pub fn consumer_config(s: &KafkaSettings) -> ClientConfig {
         .set("isolation.level", "read_committed")
         // End-of-partition events are not needed.
         .set("enable.partition.eof", "false")
-        // Bounds librdkafka's prefetch memory (the loop bounds its own
-        // buffer with max_buffered_per_partition).
+        // Bounds librdkafka's prefetch memory (one queue for all
+        // partitions); the loop takes from it only what its batches need
+        // next, and bounds its own buffer in bytes besides.
         .set("queued.max.messages.kbytes", "16384")
+        // Once that queue is full, fetch again soon after it has room:
+        // librdkafka's default waits a second, which starves a consumer
+        // that empties 16 MiB faster than that.
+        .set("fetch.queue.backoff.ms", "50")
         // Consumer lag and broker state for metrics and /readyz.
         .set("statistics.interval.ms", millis(s.stats_interval));
     for (k, v) in &s.client {
@@ -144,8 +149,9 @@ pub fn producer_config(s: &KafkaSettings) -> ClientConfig {
         .set("enable.idempotence", "true")
         // Bounds one delivery attempt; a failed one is produced again.
         .set("message.timeout.ms", millis(s.produce_timeout))
-        // Dead letters and replies of one batch travel together.
-        .set("linger.ms", "5")
+        // A reply leaves at once; the records of a batch still travel
+        // together, queued while the previous request is under way.
+        .set("linger.ms", "0")
         // Room for the largest dead letter (kafka.dead_letter_max_bytes)
         // plus the record framing.
         .set(

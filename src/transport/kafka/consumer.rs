@@ -1,6 +1,7 @@
-//! The consume loop: fetch, group into batches (a partition in at most one
-//! batch at a time), hand each batch to a task, put retries back at the
-//! head of their partition, commit the durable prefix on a timer.
+//! The consume loop: fetch, group into batches (a partition in a few at a
+//! time, never sharing a key), hand each batch to a task, put retries back
+//! at the head of their partition, commit the durable prefix as batches
+//! finish (at most once per `kafka.commit_interval`).
 
 use super::batch::{self, BatchDone, Shared};
 use super::context::{commit, Context};
@@ -11,6 +12,7 @@ use super::message::Held;
 use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
 use crate::health::{Component, Health};
+use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::TopicPartitionList;
@@ -33,9 +35,17 @@ pub struct Pump {
     pub settings: KafkaSettings,
     health: Health,
     lanes: Lanes,
-    batches: JoinSet<BatchDone>,
+    /// Running batches, by the number `Lanes::take_batch` gave them.
+    batches: JoinSet<(u64, BatchDone)>,
     linger_from: Option<Instant>,
     store_failures: u32,
+    /// Messages waiting for a batch past which fetched records stay in
+    /// librdkafka's bounded queue instead of this process's: fetching is
+    /// not paused (a pause drops librdkafka's prefetch), only deferred.
+    high_water: usize,
+    last_commit: Instant,
+    /// A batch finished since the last commit: commit at this moment.
+    commit_due: Option<Instant>,
 }
 
 impl Pump {
@@ -51,6 +61,7 @@ impl Pump {
                 settings.max_buffered_per_partition,
                 settings.max_buffered_bytes,
             ),
+            high_water: settings.batch_size * settings.max_batches_in_flight,
             consumer,
             shared,
             ledger,
@@ -59,6 +70,8 @@ impl Pump {
             batches: JoinSet::new(),
             linger_from: None,
             store_failures: 0,
+            last_commit: Instant::now(),
+            commit_due: None,
         }
     }
 
@@ -70,17 +83,27 @@ impl Pump {
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let wake = self.next_wake();
+            let take = self.lanes.backlog(Instant::now()) < self.high_water;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(done) = self.batches.join_next(), if !self.batches.is_empty() => {
                     self.finished(done)?;
+                    // At once if the last commit is old enough, else when it is.
+                    self.commit_due
+                        .get_or_insert(self.last_commit + self.settings.commit_interval);
                 }
-                msg = consumer.recv() => self.received(msg),
+                msg = consumer.recv(), if take => {
+                    self.received(msg);
+                    self.receive_ready(&consumer);
+                }
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
                 _ = commit_tick.tick() => {
                     self.commit(CommitMode::Async);
                     self.report_stalls();
                 }
+            }
+            if self.commit_due.is_some_and(|t| t <= Instant::now()) {
+                self.commit(CommitMode::Async);
             }
             self.dispatch();
         }
@@ -103,12 +126,29 @@ impl Pump {
         let Some(lane) = self.ledger.received(&tp, msg.offset()) else {
             return;
         };
-        let flow = self.lanes.push(Held::from_record(lane, &msg));
+        let mut held = Held::from_record(lane, &msg);
+        held.hint = self.shared.pipeline.parser().identity_hint(&held.incoming);
+        let flow = self.lanes.push(held);
         self.apply_flow(flow);
     }
 
-    fn finished(&mut self, done: Result<BatchDone, JoinError>) -> Result<(), KafkaError> {
-        let done = done.map_err(KafkaError::BatchTask)?;
+    /// Takes what librdkafka already holds, without waiting, so that one
+    /// dispatch sees it all: batches fill from a backlog and never wait
+    /// for one that is not there.
+    fn receive_ready(&mut self, consumer: &KafkaConsumer) {
+        let now = Instant::now();
+        let mut backlog = self.lanes.backlog(now);
+        while backlog < self.high_water {
+            match consumer.recv().now_or_never() {
+                Some(msg) => self.received(msg),
+                None => return,
+            }
+            backlog += 1;
+        }
+    }
+
+    fn finished(&mut self, done: Result<(u64, BatchDone), JoinError>) -> Result<(), KafkaError> {
+        let (id, done) = done.map_err(KafkaError::BatchTask)?;
         let pause = if done.store_down {
             self.store_failures += 1;
             Some(STORE_PAUSE.after_attempt(self.store_failures))
@@ -126,7 +166,7 @@ impl Pump {
         }
         for lane in &done.lanes {
             let (retries, after) = per_lane.remove(lane).unwrap_or_default();
-            let flow = self.lanes.finished(lane, retries, after);
+            let flow = self.lanes.finished(lane, id, retries, after);
             self.apply_flow(flow);
         }
         Ok(())
@@ -171,29 +211,33 @@ impl Pump {
             if ready < self.settings.batch_size && now < since + self.settings.batch_linger {
                 return;
             }
-            let batch = self.lanes.take_batch(now, self.settings.batch_size);
+            let (id, batch) = self.lanes.take_batch(now, self.settings.batch_size);
             if batch.is_empty() {
                 return;
             }
             let mut lanes: Vec<_> = batch.iter().map(|h| h.lane.clone()).collect();
             lanes.dedup();
             self.ledger.batch_started(&lanes);
-            self.batches.spawn(batch::run(self.shared.clone(), batch));
+            let run = batch::run(self.shared.clone(), batch);
+            self.batches.spawn(async move { (id, run.await) });
         }
     }
 
     /// The next moment the loop has something to do besides fetching.
     fn next_wake(&self) -> Option<Instant> {
+        let commit = self.commit_due;
         if self.batches.len() >= self.settings.max_batches_in_flight {
-            return None;
+            return commit;
         }
         let linger = self.linger_from.map(|t| t + self.settings.batch_linger);
         let now = Instant::now();
         let unblock = self.lanes.next_unblock().filter(|t| *t > now);
-        linger.into_iter().chain(unblock).min()
+        linger.into_iter().chain(unblock).chain(commit).min()
     }
 
-    fn commit(&self, mode: CommitMode) {
+    fn commit(&mut self, mode: CommitMode) {
+        self.last_commit = Instant::now();
+        self.commit_due = None;
         let positions = self.ledger.to_commit(None);
         match commit(self.consumer.as_ref(), &positions, mode) {
             Ok(()) if matches!(mode, CommitMode::Sync) => {

@@ -1,7 +1,8 @@
-//! The consume loop's per-partition queues. A partition is in at most one
-//! batch at a time, and a message that must be retried stays at the head of
-//! its partition (retry in place): later messages of that partition wait
-//! behind it, so one key's messages are never reordered.
+//! The consume loop's per-partition queues (see queue.rs). A partition is
+//! in a few batches at a time, which never share a key, and a
+//! message that must be retried goes back to the head of its partition
+//! (retry in place): later messages of its key wait behind it, so one key's
+//! messages are never reordered.
 //!
 //! The queues are bounded twice: per partition by message count, and all
 //! together by bytes (what librdkafka hands over is copied here), so a
@@ -9,7 +10,8 @@
 
 use super::ledger::{Lane, Tp};
 use super::message::Held;
-use std::collections::{HashMap, VecDeque};
+use super::queue::Queue;
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -22,30 +24,8 @@ pub struct Lanes {
     bytes: usize,
     /// Fetching is paused everywhere for the byte bound.
     over_bytes: bool,
-}
-
-struct Queue {
-    lane: Lane,
-    waiting: VecDeque<Held>,
-    in_batch: usize,
-    bytes: usize,
-    blocked_until: Option<Instant>,
-    paused: bool,
-    /// Last time a message of this partition got a durable outcome, or the
-    /// partition had nothing to do.
-    progress_at: Instant,
-}
-
-impl Queue {
-    fn held(&self) -> usize {
-        self.waiting.len() + self.in_batch
-    }
-
-    fn ready(&self, now: Instant) -> bool {
-        self.in_batch == 0
-            && !self.waiting.is_empty()
-            && self.blocked_until.is_none_or(|t| t <= now)
-    }
+    /// The last batch handed out.
+    last_batch: u64,
 }
 
 /// Fetching to pause or resume, per partition.
@@ -63,6 +43,7 @@ impl Lanes {
             max_bytes,
             bytes: 0,
             over_bytes: false,
+            last_batch: 0,
         }
     }
 
@@ -72,11 +53,11 @@ impl Lanes {
         let q = self
             .lanes
             .entry(held.lane.tp.clone())
-            .or_insert_with(|| new_queue(&held.lane));
+            .or_insert_with(|| Queue::new(&held.lane));
         if q.lane != held.lane {
             // Revoked and assigned again: the old queue is stale.
             self.bytes -= q.bytes;
-            *q = new_queue(&held.lane);
+            *q = Queue::new(&held.lane);
         }
         if q.held() == 0 {
             q.progress_at = Instant::now();
@@ -112,18 +93,30 @@ impl Lanes {
             .sum()
     }
 
+    /// Messages waiting for a batch in partitions not waiting out a retry:
+    /// work this process already has in hand.
+    pub fn backlog(&self, now: Instant) -> usize {
+        self.lanes
+            .values()
+            .filter(|q| q.blocked_until.is_none_or(|t| t <= now))
+            .map(|q| q.waiting.len())
+            .sum()
+    }
+
     /// When the earliest partition that waits out a retry becomes ready.
     pub fn next_unblock(&self) -> Option<Instant> {
         self.lanes
             .values()
-            .filter(|q| q.in_batch == 0 && !q.waiting.is_empty())
+            .filter(|q| q.open())
             .filter_map(|q| q.blocked_until)
             .min()
     }
 
-    /// Takes up to `max` messages from ready partitions, oldest first; the
-    /// partitions taken from are busy until `finished`.
-    pub fn take_batch(&mut self, now: Instant, max: usize) -> Vec<Held> {
+    /// Takes up to `max` messages from ready partitions, oldest first, as
+    /// one batch; returns its number (for `finished`) and its messages.
+    pub fn take_batch(&mut self, now: Instant, max: usize) -> (u64, Vec<Held>) {
+        self.last_batch += 1;
+        let id = self.last_batch;
         let mut ready: Vec<&mut Queue> = self.lanes.values_mut().filter(|q| q.ready(now)).collect();
         ready.sort_by_key(|q| q.waiting.front().map(|h| h.incoming.received_at));
         let mut batch = Vec::new();
@@ -132,37 +125,20 @@ impl Lanes {
             if room == 0 {
                 break;
             }
-            let n = room.min(q.waiting.len());
-            batch.extend(q.waiting.drain(..n));
-            q.in_batch = n;
-            q.blocked_until = None;
+            q.take(id, room, &mut batch);
         }
-        batch
+        (id, batch)
     }
 
-    /// A batch released `lane`: `retries` (in offset order) go back to the
-    /// head and hold the partition for `after`. Says which partitions may
-    /// fetch again.
-    pub fn finished(&mut self, lane: &Lane, retries: Vec<Held>, after: Duration) -> Flow {
+    /// Batch `id` released `lane`: `retries` go back in offset order and
+    /// hold the partition for `after`. Says which partitions may fetch
+    /// again.
+    pub fn finished(&mut self, lane: &Lane, id: u64, retries: Vec<Held>, after: Duration) -> Flow {
         let mut flow = Flow::default();
         let Some(q) = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane) else {
             return flow;
         };
-        let done = q.in_batch.saturating_sub(retries.len());
-        q.in_batch = 0;
-        if done > 0 {
-            q.progress_at = Instant::now();
-        }
-        let kept: usize = q.waiting.iter().chain(&retries).map(Held::size).sum();
-        self.bytes -= q.bytes - kept;
-        q.bytes = kept;
-        if !retries.is_empty() {
-            q.blocked_until = Some(Instant::now() + after);
-            for mut held in retries.into_iter().rev() {
-                held.incoming.retries = held.incoming.retries.saturating_add(1);
-                q.waiting.push_front(held);
-            }
-        }
+        self.bytes -= q.land(id, retries, after);
         if q.paused && q.held() <= self.limit / 2 && !self.over_bytes {
             q.paused = false;
             flow.resume.push(q.lane.tp.clone());
@@ -215,19 +191,6 @@ impl Lanes {
         self.bytes
     }
 }
-
-fn new_queue(lane: &Lane) -> Queue {
-    Queue {
-        lane: lane.clone(),
-        waiting: VecDeque::new(),
-        in_batch: 0,
-        bytes: 0,
-        blocked_until: None,
-        paused: false,
-        progress_at: Instant::now(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,6 +216,7 @@ mod tests {
             lane: lane(partition),
             offset,
             key: None,
+            hint: None,
             incoming: Incoming::new(source, vec![b'x'; body_len]),
         }
     }
@@ -272,16 +236,18 @@ mod tests {
         );
         assert!(lanes.bytes() > 10_000);
 
-        let batch = lanes.take_batch(Instant::now(), 100);
+        let (id, batch) = lanes.take_batch(Instant::now(), 100);
         assert_eq!(batch.len(), 3);
-        let mut first = lanes.finished(&lane(0), Vec::new(), Duration::ZERO).resume;
+        let mut first = lanes
+            .finished(&lane(0), id, Vec::new(), Duration::ZERO)
+            .resume;
         first.sort();
         assert_eq!(
             first,
             vec![lane(0).tp, lane(1).tp],
             "partition 1 still holds 3 kB, below half the bound: both fetch again"
         );
-        let second = lanes.finished(&lane(1), Vec::new(), Duration::ZERO);
+        let second = lanes.finished(&lane(1), id, Vec::new(), Duration::ZERO);
         assert_eq!(lanes.bytes(), 0);
         assert!(second.resume.is_empty(), "{second:?}");
     }
@@ -292,8 +258,10 @@ mod tests {
         lanes.push(held(0, 0, 2000));
         let late = lanes.push(held(7, 0, 10));
         assert_eq!(late.pause, vec![lane(7).tp]);
-        lanes.take_batch(Instant::now(), 100);
-        let mut resumed = lanes.finished(&lane(0), Vec::new(), Duration::ZERO).resume;
+        let (id, _) = lanes.take_batch(Instant::now(), 100);
+        let mut resumed = lanes
+            .finished(&lane(0), id, Vec::new(), Duration::ZERO)
+            .resume;
         resumed.sort();
         assert_eq!(resumed, vec![lane(0).tp, lane(7).tp]);
     }
@@ -303,18 +271,18 @@ mod tests {
         let mut lanes = Lanes::new(10_000, 1000);
         let flow = lanes.push(held(0, 0, 5000));
         assert_eq!(flow.pause, vec![lane(0).tp]);
-        let batch = lanes.take_batch(Instant::now(), 100);
+        let (id, batch) = lanes.take_batch(Instant::now(), 100);
         assert_eq!(
             batch.len(),
             1,
             "a paused partition's buffered message is still taken"
         );
-        let retried = lanes.finished(&lane(0), batch, Duration::ZERO);
+        let retried = lanes.finished(&lane(0), id, batch, Duration::ZERO);
         assert!(retried.resume.is_empty(), "still over: {retried:?}");
         assert!(lanes.bytes() > 5000, "the retried message is still held");
-        let again = lanes.take_batch(Instant::now(), 100);
+        let (id, again) = lanes.take_batch(Instant::now(), 100);
         assert_eq!(again.len(), 1);
-        let done = lanes.finished(&lane(0), Vec::new(), Duration::ZERO);
+        let done = lanes.finished(&lane(0), id, Vec::new(), Duration::ZERO);
         assert_eq!(done.resume, vec![lane(0).tp]);
         assert_eq!(lanes.bytes(), 0);
     }
@@ -326,17 +294,17 @@ mod tests {
         lanes.push(held(3, 0, 10));
         let after = Duration::from_secs(60);
         assert!(lanes.stalled(start, after).is_empty());
-        let batch = lanes.take_batch(start, 10);
-        lanes.finished(&lane(3), batch, Duration::ZERO);
+        let (id, batch) = lanes.take_batch(start, 10);
+        lanes.finished(&lane(3), id, batch, Duration::ZERO);
         let later = Instant::now() + Duration::from_secs(61);
         assert_eq!(
             lanes.stalled(later, after).len(),
             1,
             "a retry is no progress"
         );
-        let batch = lanes.take_batch(Instant::now(), 10);
+        let (id, batch) = lanes.take_batch(Instant::now(), 10);
         assert_eq!(batch.len(), 1);
-        lanes.finished(&lane(3), Vec::new(), Duration::ZERO);
+        lanes.finished(&lane(3), id, Vec::new(), Duration::ZERO);
         assert!(lanes.stalled(later, after).is_empty(), "nothing waits");
     }
 }

@@ -20,6 +20,9 @@ pub struct Held {
     pub offset: i64,
     /// The record's Kafka key, kept for its dead letter.
     pub key: Option<Vec<u8>>,
+    /// The engine's identity hint (`Parser::identity_hint`): two batches of
+    /// one partition run at once only if no hint is in both.
+    pub hint: Option<u64>,
     pub incoming: Incoming,
 }
 
@@ -48,6 +51,7 @@ impl Held {
             lane,
             offset: msg.offset(),
             key: msg.key().map(<[u8]>::to_vec),
+            hint: None,
             incoming,
         }
     }

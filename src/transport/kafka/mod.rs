@@ -15,6 +15,7 @@ mod ledger;
 mod message;
 mod offsets;
 mod outbox;
+mod queue;
 mod reply;
 
 pub use crate::config::KafkaSettings;
