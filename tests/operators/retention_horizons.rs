@@ -137,10 +137,11 @@ async fn replicas_with_different_keeps_purge_with_the_longest_one_alive() {
 
     sqlx::query(
         "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, epoch, \
-         owner, attempts, completed_at) VALUES \
-         ('acme', 'done-3h', '\\x00', 2, 'done', 1, 'w', 1, now() - interval '3 hours'), \
-         ('acme', 'done-30h', '\\x00', 2, 'done', 1, 'w', 1, now() - interval '30 hours'), \
-         ('acme', 'done-50h', '\\x00', 2, 'done', 1, 'w', 1, now() - interval '50 hours')",
+         owner, attempts, created_at, completed_at) \
+         SELECT 'acme', k, '\\x00', 2, 'done', 1, 'w', 1, t, t \
+         FROM (VALUES ('done-3h', now() - interval '3 hours'), \
+                      ('done-30h', now() - interval '30 hours'), \
+                      ('done-50h', now() - interval '50 hours')) AS f (k, t)",
     )
     .execute(store.pool())
     .await
