@@ -10,11 +10,15 @@ use tokio_util::sync::CancellationToken;
 /// Exponential backoff with jitter, between `min` and `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
+    /// The first delay, and the shortest.
     pub min: Duration,
+    /// The longest delay.
     pub max: Duration,
 }
 
 impl Backoff {
+    /// A backoff from `min` to `max`. Should `min` exceed `max`, every
+    /// delay is `max`.
     pub const fn new(min: Duration, max: Duration) -> Self {
         Self { min, max }
     }
@@ -25,17 +29,20 @@ impl Backoff {
         let base = self.min.saturating_mul(1 << exp).min(self.max);
         // ±20 % so that retries of one burst spread out.
         let jitter: f64 = rand::rng().random_range(0.8..1.2);
-        base.mul_f64(jitter).clamp(self.min, self.max)
+        Duration::try_from_secs_f64(base.as_secs_f64() * jitter)
+            .unwrap_or(self.max)
+            .max(self.min)
+            .min(self.max)
     }
 
     /// How long to wait before re-claiming a key someone else holds: until
     /// its lease ends, but looking again soon since the holder usually
     /// finishes well before that.
     pub fn for_held(&self, until_lease_end: Duration) -> Duration {
-        until_lease_end.clamp(
-            self.min,
-            self.min.saturating_mul(5).min(self.max).max(self.min),
-        )
+        until_lease_end
+            .min(self.min.saturating_mul(5))
+            .max(self.min)
+            .min(self.max)
     }
 }
 
@@ -49,6 +56,7 @@ pub enum Gave<E> {
 }
 
 impl<E> Gave<E> {
+    /// The last error, however the wait ended.
     pub fn into_inner(self) -> E {
         match self {
             Gave::Up(e) | Gave::Stopped(e) => e,
@@ -111,6 +119,19 @@ mod tests {
             let late = b.after_attempt(30);
             assert!((Duration::from_millis(800)..=Duration::from_secs(1)).contains(&late));
         }
+    }
+
+    #[test]
+    fn inverted_or_huge_bounds_give_delays_within_reach_and_never_panic() {
+        let inverted = Backoff::new(Duration::from_secs(5), Duration::from_secs(1));
+        assert_eq!(inverted.after_attempt(1), Duration::from_secs(1));
+        assert_eq!(
+            inverted.for_held(Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+        let huge = Backoff::new(Duration::from_secs(1), Duration::MAX);
+        assert!(huge.after_attempt(u32::MAX) >= Duration::from_secs(1));
+        assert_eq!(huge.for_held(Duration::ZERO), Duration::from_secs(1));
     }
 
     #[tokio::test]

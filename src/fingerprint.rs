@@ -46,9 +46,14 @@ impl Default for FingerprintSpec {
     }
 }
 
+/// One message as an operation: the digest of the fields that define it.
+/// The same key with another fingerprint is a conflict, never run.
 #[derive(Clone)]
 pub struct Fingerprint {
+    /// The [`FingerprintSpec::version`] it was computed under; stored with
+    /// the key so that a row is compared under its own field set.
     pub version: i16,
+    /// SHA-256 over the canonical JSON of the defining fields.
     pub digest: [u8; 32],
     /// The version-1 digest of the same message, to compare with rows
     /// stored under version 1 (None when `version` is 1 itself, or when the
@@ -101,6 +106,7 @@ impl std::hash::Hash for Fingerprint {
 }
 
 impl Fingerprint {
+    /// The digest in lowercase hex.
     pub fn hex(&self) -> String {
         hex(&self.digest)
     }
@@ -142,6 +148,7 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// Lowercase hex of any bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);

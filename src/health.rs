@@ -8,17 +8,26 @@ const OFF: u8 = 0;
 const UP: u8 = 1;
 const DOWN: u8 = 2;
 
+/// A part of the service whose state /readyz reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Component {
+    /// PostgreSQL: down until the store is prepared at start-up, then
+    /// pinged every second.
     Store,
+    /// The Kafka transport, when topics are configured: up while librdkafka
+    /// reports a broker connection up.
     Kafka,
+    /// The RabbitMQ transport, when queues are configured: up while its
+    /// connection is open.
     Amqp,
     /// Down while the handler's answers say dedupq is misconfigured (401,
-    /// 404, redirects), until a call succeeds again.
+    /// 404, redirects), until a handler run ends in anything but such a
+    /// fault.
     Handler,
 }
 
 impl Component {
+    /// Every component, in the order /readyz lists them.
     pub const ALL: [Component; 4] = [
         Component::Store,
         Component::Kafka,
@@ -26,6 +35,7 @@ impl Component {
         Component::Handler,
     ];
 
+    /// The component's name in the /readyz body.
     pub fn name(self) -> &'static str {
         match self {
             Component::Store => "store",
@@ -57,6 +67,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Health {
+    /// Marks `c` up or down, and so configured; clears the reason given
+    /// before.
     pub fn set(&self, c: Component, up: bool) {
         self.0.state[c as usize].store(if up { UP } else { DOWN }, Ordering::Relaxed);
         lock(&self.0.reasons)[c as usize] = None;
@@ -76,6 +88,7 @@ impl Health {
         }
     }
 
+    /// Why `c` is down, if its owner said (see [`Health::set_down`]).
     pub fn reason(&self, c: Component) -> Option<String> {
         lock(&self.0.reasons)[c as usize].clone()
     }
@@ -86,10 +99,13 @@ impl Health {
         lock(&self.0.stalled)[c as usize] = lanes;
     }
 
+    /// The stalled lanes `c` reports now; empty when it has none.
     pub fn stalled(&self, c: Component) -> Vec<String> {
         lock(&self.0.stalled)[c as usize].clone()
     }
 
+    /// What /readyz answers 200 for: the store up, no configured component
+    /// down, no stalled lane.
     pub fn ready(&self) -> bool {
         Component::ALL.iter().all(|c| self.get(*c) != Some(false))
             && self.get(Component::Store) == Some(true)

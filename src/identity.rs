@@ -8,21 +8,33 @@ pub const MAX_KEY_BYTES: usize = 255;
 /// Longest tenant accepted, in bytes.
 pub const MAX_TENANT_BYTES: usize = 128;
 
+/// Why a tenant or key is refused. A message it concerns is dead-lettered
+/// before any claim, and never retried; an HTTP request is refused (a bad
+/// key with 400) before any claim too.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
+    /// The tenant is absent or empty where the configuration looks for it.
     #[error("no tenant: the message carries none where the configuration looks for it")]
     MissingTenant,
+    /// The key is absent or empty where the configuration looks for it.
     #[error("no idempotency key: the message carries none where the configuration looks for it")]
     MissingKey,
+    /// Longer than [`MAX_TENANT_BYTES`] or [`MAX_KEY_BYTES`].
     #[error("{what} is {len} bytes; the limit is {max}")]
     TooLong {
+        /// `tenant` or `idempotency key`.
         what: &'static str,
+        /// Its length in bytes.
         len: usize,
+        /// The limit in bytes.
         max: usize,
     },
+    /// A byte outside visible ASCII (0x21..=0x7e), or a `:` in a tenant.
     #[error("{what} must be visible ASCII (0x21..=0x7e){extra}")]
     NotVisibleAscii {
+        /// `tenant` or `idempotency key`.
         what: &'static str,
+        /// What else the rule forbids, for the message (a tenant's `:`).
         extra: &'static str,
     },
 }
@@ -38,6 +50,7 @@ fn is_visible_ascii(bytes: &[u8]) -> bool {
 pub struct Tenant(String);
 
 impl Tenant {
+    /// Accepts 1..=128 bytes of visible ASCII without `:`.
     pub fn parse(raw: &[u8]) -> Result<Self, IdentityError> {
         if raw.is_empty() {
             return Err(IdentityError::MissingTenant);
@@ -59,6 +72,7 @@ impl Tenant {
         Ok(Self(String::from_utf8_lossy(raw).into_owned()))
     }
 
+    /// The tenant as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -76,6 +90,7 @@ impl fmt::Display for Tenant {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
+    /// Accepts 1..=255 bytes of visible ASCII, kept exactly as given.
     pub fn parse(raw: &[u8]) -> Result<Self, IdentityError> {
         if raw.is_empty() {
             return Err(IdentityError::MissingKey);
@@ -96,6 +111,7 @@ impl IdempotencyKey {
         Ok(Self(String::from_utf8_lossy(raw).into_owned()))
     }
 
+    /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -121,7 +137,9 @@ impl fmt::Display for Epoch {
 /// `(tenant, key)`: one operation, whatever transport it arrives on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Identity {
+    /// Who sent it.
     pub tenant: Tenant,
+    /// Which of the tenant's operations it is.
     pub key: IdempotencyKey,
 }
 
@@ -159,6 +177,7 @@ impl DerivedKeyFormat {
         }
     }
 
+    /// The provider key for `id` in this format.
     pub fn derive(self, id: &Identity) -> String {
         match self {
             Self::Plain => id.derived_key(),

@@ -22,26 +22,49 @@ const MAX_DEPTH: usize = 128;
 /// Exponents beyond this magnitude are refused rather than guessed at.
 const MAX_EXPONENT: i64 = 1_000_000_000;
 
+/// A JSON value as the strict parser read it: numbers kept as written,
+/// object members in input order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Json {
+    /// `null`.
     Null,
+    /// `true` or `false`.
     Bool(bool),
     /// The number's text exactly as it appeared in the input.
     Number(String),
+    /// A string, unescaped.
     String(String),
+    /// An array, in input order.
     Array(Vec<Json>),
     /// Members in input order; names are unique.
     Object(Vec<(String, Json)>),
 }
 
+/// Why a body is not strict JSON. A message body refused for it is
+/// dead-lettered before any claim.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
+    /// The bytes are not UTF-8; the offset of the first one that is not.
     #[error("not UTF-8 at byte {0}")]
     NotUtf8(usize),
+    /// Not JSON (RFC 8259).
     #[error("{what} at byte {offset}")]
-    Syntax { offset: usize, what: &'static str },
+    Syntax {
+        /// Byte offset of the fault.
+        offset: usize,
+        /// What is wrong there.
+        what: &'static str,
+    },
+    /// An object names a member twice: readers disagree about which one
+    /// counts, so the body cannot be shown to be one operation.
     #[error("the object at '{pointer}' has the member '{name}' twice")]
-    DuplicateKey { pointer: String, name: String },
+    DuplicateKey {
+        /// JSON pointer to the object (empty for the top level).
+        pointer: String,
+        /// The repeated name.
+        name: String,
+    },
+    /// Nested deeper than 128 levels.
     #[error("nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
 }
@@ -82,6 +105,7 @@ impl Json {
         Some(here)
     }
 
+    /// The text of a string value; None for any other value.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Json::String(s) => Some(s),
@@ -89,6 +113,7 @@ impl Json {
         }
     }
 
+    /// Whether it is an object, as a message body must be.
     pub fn is_object(&self) -> bool {
         matches!(self, Json::Object(_))
     }

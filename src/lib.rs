@@ -3,9 +3,13 @@
 //! any work, the handler runs, its outcome is stored, and only then is the
 //! offset committed or the delivery acked.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod backoff;
+#[doc(hidden)]
 pub mod bench;
+#[doc(hidden)]
 pub mod cli;
 pub mod config;
 pub mod engine;
@@ -17,8 +21,10 @@ pub mod json;
 mod maintenance;
 pub mod message;
 pub mod metrics;
+#[doc(hidden)]
 pub mod provider;
 pub mod retention;
+#[doc(hidden)]
 pub mod scenario;
 pub mod server;
 pub mod startup;

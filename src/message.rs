@@ -8,23 +8,34 @@ use std::fmt;
 /// Where a delivery came from; carried into logs and dead letters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
+    /// A Kafka record.
     Kafka {
+        /// The topic it was read from.
         topic: String,
+        /// Its partition.
         partition: i32,
+        /// Its offset: committed only once its outcome is durable.
         offset: i64,
     },
+    /// A RabbitMQ delivery.
     Amqp {
+        /// The queue it was consumed from.
         queue: String,
+        /// The channel's tag for it, which acks it once its outcome is
+        /// durable.
         delivery_tag: u64,
     },
     /// A request to the HTTP API: the route's name and a per-process
     /// request number.
     Http {
+        /// The route's name.
         route: String,
+        /// Numbers the requests of this process.
         request_id: u64,
     },
     /// Messages fed to the engine directly (library use, tests).
     Direct {
+        /// The caller's number for it.
         id: u64,
     },
 }
@@ -51,11 +62,14 @@ impl fmt::Display for Source {
 /// bytes (a name need not be UTF-8; a Kafka value may be null).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// The name's bytes as delivered.
     pub name: Vec<u8>,
+    /// The value's bytes; None for a Kafka header whose value is null.
     pub value: Option<Vec<u8>>,
 }
 
 impl Header {
+    /// A header with a (non-null) value.
     pub fn new(name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         Self {
             name: name.into(),
@@ -77,13 +91,19 @@ impl Header {
 /// One delivery: headers, the raw payload and its coordinates.
 #[derive(Debug, Clone)]
 pub struct Incoming {
+    /// Every header in delivery order, repeats included: a repeated
+    /// identity header is refused, not resolved by position.
     pub headers: Vec<Header>,
+    /// The payload byte for byte: what is fingerprinted and what a handler
+    /// forwards.
     pub body: Vec<u8>,
     /// The payload's media type where the transport carries one (AMQP's
     /// `content_type` property, a Kafka `content-type` header); forwarded
     /// with the payload.
     pub content_type: Option<String>,
+    /// Where it came from.
     pub source: Source,
+    /// When this process received it: waits and latencies count from here.
     pub received_at: DateTime<Utc>,
     /// How often this message already came back to be retried (delay-queue
     /// trips, in-place retries).
@@ -95,6 +115,7 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// A delivery with no headers, received now, not yet retried.
     pub fn new(source: Source, body: impl Into<Vec<u8>>) -> Self {
         Self {
             headers: Vec::new(),
@@ -107,11 +128,13 @@ impl Incoming {
         }
     }
 
+    /// Adds a header after the others.
     pub fn with_header(mut self, name: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         self.headers.push(Header::new(name, value));
         self
     }
 
+    /// Sets the payload's media type.
     pub fn with_content_type(mut self, content_type: impl Into<String>) -> Self {
         self.content_type = Some(content_type.into());
         self

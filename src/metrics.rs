@@ -7,48 +7,74 @@ use prometheus::{
 };
 use std::sync::Arc;
 
+/// Every metric dedupq exports, in one registry. Clones share the same
+/// metrics; the fields are reached through `Deref` to [`Inner`].
 #[derive(Clone)]
 pub struct Metrics(Arc<Inner>);
 
+/// The metrics of a [`Metrics`], one field per family.
 pub struct Inner {
+    /// The registry /metrics renders: these families and `process_*`.
     pub registry: Registry,
     /// Every metric family name, labelled or not, sampled or not.
     pub names: Vec<String>,
-    /// transport, outcome
+    /// `dedupq_messages_total{transport, outcome}`: messages by outcome.
     pub messages: IntCounterVec,
-    /// result: won, takeover, duplicate, held, conflict, contended
+    /// `dedupq_claims_total{result}`: claim results (won, takeover,
+    /// duplicate, held, held_unknown, conflict, contended).
     pub claims: IntCounterVec,
-    /// result: success, permanent, transient, unknown
+    /// `dedupq_handler_duration_seconds{result}`: handler run time by
+    /// result (success, permanent, transient, unknown, fault).
     pub handler_duration: HistogramVec,
+    /// `dedupq_claim_batch_size`: messages per claim statement.
     pub claim_batch_size: Histogram,
-    /// statement: claim, finish, renew, purge
+    /// `dedupq_store_statement_duration_seconds{statement}`: round trips of
+    /// the engine's key-table statements (claim, finish).
     pub store_duration: HistogramVec,
+    /// `dedupq_lease_takeovers_total`: keys taken over after their owner's
+    /// lease ended.
     pub takeovers: IntCounter,
+    /// `dedupq_fenced_writes_total`: outcome writes refused for a stale
+    /// epoch (another worker owns the key); nothing is committed on them.
     pub fenced_writes: IntCounter,
+    /// `dedupq_lost_leases_total`: running handlers abandoned because their
+    /// lease could not be renewed in time.
     pub lost_leases: IntCounter,
-    /// status
+    /// `dedupq_keys{status}`: rows of the key table by status, sampled by
+    /// the upkeep leader only.
     pub keys: IntGaugeVec,
+    /// `dedupq_keys_purged_total`: finished keys deleted by retention.
     pub keys_purged: IntCounter,
+    /// `dedupq_store_errors_total`: key-table statements that failed.
     pub store_errors: IntCounter,
-    /// reason
+    /// `dedupq_dead_letters_total{reason}`: dead letters by reason.
     pub dead_letters: IntCounterVec,
-    /// topic, partition
+    /// `dedupq_kafka_consumer_lag{topic, partition}`: high watermark minus
+    /// committed offset.
     pub consumer_lag: IntGaugeVec,
-    /// transport: 1 when connected
+    /// `dedupq_broker_connected{transport}`: 1 while connected.
     pub broker_up: IntGaugeVec,
+    /// `dedupq_end_to_end_seconds{transport}`: from receipt to a durable
+    /// outcome.
     pub end_to_end: HistogramVec,
-    /// transport: partitions or queues with waiting messages and no progress
+    /// `dedupq_stalled_lanes{transport}`: partitions or queues with waiting
+    /// messages and no progress.
     pub stalled_lanes: IntGaugeVec,
-    /// transport: replies that could not be delivered (the outcome stays stored)
+    /// `dedupq_replies_failed_total{transport}`: replies that could not be
+    /// delivered (the outcome stays stored).
     pub replies_failed: IntCounterVec,
-    /// reason: handler answers that point at dedupq's configuration, not at
-    /// the payment (unauthorized, forbidden, not_found, method_not_allowed, redirect)
+    /// `dedupq_handler_faults_total{reason}`: handler answers that point at
+    /// dedupq's configuration, not at the payment (unauthorized, forbidden,
+    /// not_found, method_not_allowed, redirect, other).
     pub handler_faults: IntCounterVec,
-    /// version, commit: always 1, so dashboards can join on it
+    /// `dedupq_build_info{version, commit}`: always 1, so dashboards can
+    /// join on it.
     pub build_info: IntGaugeVec,
-    /// 1 while /readyz answers 200 (store reachable, configured brokers connected)
+    /// `dedupq_ready`: 1 while /readyz would answer 200 (updated every
+    /// second).
     pub ready: IntGauge,
-    /// 1 on the one replica that runs retention and samples `dedupq_keys`
+    /// `dedupq_upkeep_leader`: 1 on the one replica that runs retention and
+    /// samples `dedupq_keys`.
     pub upkeep_leader: IntGauge,
 }
 
@@ -81,7 +107,9 @@ pub const HANDLER_FAULT_REASONS: [&str; 6] = [
     "other",
 ];
 
-/// The `transport` label values.
+/// The broker `transport` label values, whose series of
+/// `dedupq_replies_failed_total` and `dedupq_stalled_lanes` exist from
+/// start-up (`dedupq_messages_total` also counts `http` and `direct`).
 pub const TRANSPORTS: [&str; 2] = ["kafka", "amqp"];
 
 /// The git commit dedupq was built from, when the build passed it in
@@ -110,6 +138,8 @@ fn seconds_buckets() -> Vec<f64> {
 }
 
 impl Metrics {
+    /// Every family in a registry of its own, with the series whose label
+    /// values are known in advance at 0 and `dedupq_build_info` set.
     pub fn new() -> Self {
         let registry = Registry::new();
         let mut names = Vec::new();

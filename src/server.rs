@@ -16,6 +16,9 @@ struct AppState {
     health: Health,
 }
 
+/// The operator endpoints: `/metrics` (Prometheus text), `/healthz` (200
+/// while the process lives) and `/readyz` (200 when [`Health::ready`], else
+/// 503; the body lists each component's state, reason and stalled lanes).
 pub fn router(metrics: Metrics, health: Health) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
@@ -24,6 +27,8 @@ pub fn router(metrics: Metrics, health: Health) -> Router {
         .with_state(AppState { metrics, health })
 }
 
+/// Serves [`router`] on `listener` until `shutdown` is cancelled, then lets
+/// open requests finish.
 pub async fn serve(
     listener: TcpListener,
     metrics: Metrics,

@@ -19,6 +19,10 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+/// The whole service: the operator endpoint, the prepared store, the
+/// engine, and the transports and HTTP API the configuration turns on.
+/// Built by [`Application::build`] or its library variants, run by
+/// [`Application::run_until_stopped`].
 pub struct Application {
     settings: Settings,
     store: Store,
@@ -78,22 +82,29 @@ impl Application {
         Ok(parts.into_application(settings, Arc::new(engine)))
     }
 
+    /// The address the operator endpoint is bound to: with `http.listen`
+    /// on port 0, the port the system chose.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// Cancelling it stops the application as SIGTERM does.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }
 
+    /// The engine behind every transport, for feeding it batches directly.
     pub fn pipeline(&self) -> &Arc<dyn Pipeline> {
         &self.pipeline
     }
 
+    /// The key table's store; its pool also serves a same-database
+    /// handler's own tables (see `examples/ledger.rs`).
     pub fn store(&self) -> &Store {
         &self.store
     }
 
+    /// The metrics /metrics exports.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }

@@ -18,16 +18,24 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Why the API could not start. Any of them stops dedupq at startup.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// An `[api]` or `[identity]` setting is unusable (a route, a caller
+    /// key, a webhook secret file).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// `api.listen` could not be bound (in use, not permitted).
     #[error("binding api.listen {addr} failed")]
     Bind {
+        /// The address from `api.listen`.
         addr: SocketAddr,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },
+    /// An async route publishes to Kafka and its producer could not be
+    /// created.
     #[error("creating the Kafka producer of the async routes failed")]
     Kafka(#[source] rdkafka::error::KafkaError),
 }
@@ -92,6 +100,8 @@ impl Api {
         })
     }
 
+    /// The address actually bound (the port chosen when `api.listen` asks
+    /// for port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }

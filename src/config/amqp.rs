@@ -26,6 +26,8 @@ pub enum Topology {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueType {
+    /// Single-node queues: not replicated, and without a delivery limit, so
+    /// a message that breaks the connection needs an operator.
     Classic,
     /// Replicated (Raft); the safe choice for payments. Needs RabbitMQ 3.10+
     /// for per-message TTL in the delay queue.
@@ -33,6 +35,7 @@ pub enum QueueType {
 }
 
 impl QueueType {
+    /// The type as RabbitMQ names it (the `x-queue-type` argument).
     pub fn as_str(self) -> &'static str {
         match self {
             QueueType::Classic => "classic",
@@ -41,6 +44,8 @@ impl QueueType {
     }
 }
 
+/// `[amqp]`: the RabbitMQ transport, off while `amqp.queues` is empty.
+/// Checked at start-up only when it is on.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AmqpSettings {
@@ -91,6 +96,8 @@ pub struct AmqpSettings {
     /// `reconnect_backoff_max`.
     #[serde(with = "humantime_serde")]
     pub reconnect_backoff_min: Duration,
+    /// `amqp.reconnect_backoff_max` (default 10s): the longest wait between
+    /// two reconnect attempts.
     #[serde(with = "humantime_serde")]
     pub reconnect_backoff_max: Duration,
     /// Heartbeat interval proposed to the broker (a `heartbeat=` in the URL
@@ -158,6 +165,8 @@ impl Default for AmqpSettings {
 }
 
 impl AmqpSettings {
+    /// The delay queue of work queue `queue`: its name followed by
+    /// `amqp.delay_queue_suffix`.
     pub fn delay_queue(&self, queue: &str) -> String {
         format!("{queue}{}", self.delay_queue_suffix)
     }

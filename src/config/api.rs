@@ -8,11 +8,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// `[api]`: the HTTP API, routes `POST /v1/<name>` in the same key space
+/// as the brokers. Checked at start-up only when enabled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiSettings {
     /// Off by default: nothing listens unless this is true.
     pub enabled: bool,
+    /// `api.listen` (default `127.0.0.1:8080`): the API's address; it must
+    /// differ from `http.listen`.
     pub listen: SocketAddr,
     /// TOML file of `"<api key>" = "<tenant>"` lines; callers send
     /// `Authorization: Bearer <api key>`. A secret: keep it out of the
@@ -41,6 +45,7 @@ pub struct ApiSettings {
     /// On shutdown, how long in-flight requests may take to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// `[[api.routes]]` (default none): an enabled API needs at least one.
     pub routes: Vec<RouteSettings>,
 }
 
@@ -95,21 +100,30 @@ pub enum WebhookKind {
 #[serde(tag = "to", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PublishTarget {
     /// A topic on `[kafka].brokers`, keyed by the idempotency key.
-    Kafka { topic: String },
+    Kafka {
+        /// The topic; not empty.
+        topic: String,
+    },
     /// An exchange on `[amqp].url` ("" is the default exchange, where the
     /// routing key names the queue).
     Amqp {
+        /// The exchange (default `""`); at most 255 bytes.
         #[serde(default)]
         exchange: String,
+        /// The routing key; at most 255 bytes.
         routing_key: String,
     },
 }
 
+/// One `[[api.routes]]` entry: the route `POST /v1/<name>` and what it
+/// does with a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSettings {
     /// The route is `POST /v1/<name>`.
     pub name: String,
+    /// `mode` (default `sync`): answer with the stored result, or publish
+    /// to `publish` and answer 202.
     #[serde(default)]
     pub mode: RouteMode,
     /// Header carrying the key (default `Idempotency-Key`, or the webhook

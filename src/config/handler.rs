@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Which handler makes the work call (`handler.kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HandlerKind {
@@ -22,9 +23,18 @@ pub enum HandlerKind {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum SecretValue {
+    /// The value itself, written in the configuration.
     Inline(String),
-    File { file: PathBuf },
-    Env { env: String },
+    /// `{ file = "…" }`: read from a file at start-up.
+    File {
+        /// The file holding the value.
+        file: PathBuf,
+    },
+    /// `{ env = "…" }`: read from an environment variable at start-up.
+    Env {
+        /// The variable's name.
+        env: String,
+    },
 }
 
 impl SecretValue {
@@ -69,12 +79,19 @@ pub struct HandlerRoute {
     pub source: Option<String>,
     /// Tenant of the message; any if absent.
     pub tenant: Option<String>,
+    /// Where the matching messages' calls go. May carry credentials:
+    /// hidden in `dedupq config`.
     pub url: String,
 }
 
+/// `[handler]`: the work call made for each claimed key: its target,
+/// timeout, headers and TLS.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HandlerSettings {
+    /// `handler.kind` (default `payment`). Both kinds run the same HTTP
+    /// forwarder; `payment` names the setup against the bundled provider
+    /// simulator, which the default `handler.url` points at.
     pub kind: HandlerKind,
     /// Where the work call goes unless a route says otherwise. May carry
     /// credentials: hidden in `dedupq config`, never logged.

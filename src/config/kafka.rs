@@ -5,12 +5,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// `[kafka]`: the Kafka transport, off while `kafka.topics` is empty.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaSettings {
     /// Topics to consume; empty: the Kafka transport is off.
     pub topics: Vec<String>,
+    /// `kafka.brokers` (default `127.0.0.1:9092`): the bootstrap servers
+    /// (librdkafka's `bootstrap.servers`), for consumer and producer.
     pub brokers: String,
+    /// `kafka.group_id` (default `dedupq`): the consumer group. Replicas of
+    /// one deployment share it, and so share the partitions.
     pub group_id: String,
     /// Dead letters go to `<topic><dlq_suffix>`.
     pub dlq_suffix: String,

@@ -29,22 +29,37 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+/// The whole configuration, one field per TOML table. Built by
+/// [`Settings::load`]; `Settings::default()` holds every default of the
+/// reference in README.md.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
+    /// `[store]`: the PostgreSQL that holds the key table.
     pub store: StoreSettings,
+    /// `[engine]`: leases, concurrency, attempts and backoff of the claims.
     pub engine: EngineSettings,
+    /// `[identity]`: how a message's tenant, key and fingerprint are read.
     pub identity: IdentitySettings,
+    /// `[retention]`: how long finished keys are kept, and their purging.
     pub retention: RetentionSettings,
+    /// `[handler]`: the work call made for each claimed key.
     pub handler: HandlerSettings,
+    /// `[kafka]`: the Kafka transport; off while `kafka.topics` is empty.
     pub kafka: KafkaSettings,
+    /// `[amqp]`: the RabbitMQ transport; off while `amqp.queues` is empty.
     pub amqp: AmqpSettings,
+    /// `[http]`: the operator endpoint (/metrics, /healthz, /readyz).
     pub http: HttpSettings,
+    /// `[api]`: the HTTP API; off unless `api.enabled`.
     pub api: ApiSettings,
+    /// `[log]`: the format and filter of log lines.
     pub log: LogSettings,
+    /// `[telemetry]`: trace export over OTLP; off by default.
     pub telemetry: TelemetrySettings,
 }
 
+/// `[engine]`: how keys are claimed, held and retried.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineSettings {
@@ -56,10 +71,18 @@ pub struct EngineSettings {
     pub renew_every: Duration,
     /// Handler runs per process at once.
     pub concurrency: usize,
-    /// Attempts (first try included) before a transient failure is final.
+    /// Attempts (first try included) before a transient failure or an
+    /// unknown outcome is final.
     pub max_attempts: u32,
+    /// `engine.retry_backoff_min` (default 200ms): the first wait before a
+    /// retry (a transient failure, an unknown outcome, a key held
+    /// elsewhere, an unreachable store); it doubles with every attempt,
+    /// with ±20 % jitter.
     #[serde(with = "humantime_serde")]
     pub retry_backoff_min: Duration,
+    /// `engine.retry_backoff_max` (default 10s): the longest wait between
+    /// retries. Times `engine.max_attempts`, it is part of the redelivery
+    /// horizon that `retention.keep` must exceed.
     #[serde(with = "humantime_serde")]
     pub retry_backoff_max: Duration,
     /// Most messages claimed in one statement.
@@ -88,26 +111,45 @@ impl Default for EngineSettings {
 #[serde(tag = "from", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TenantSource {
     /// A header set where the deployment authenticates the sender.
-    Header { name: String },
+    Header {
+        /// `identity.tenant.name`: the header (`client-id` by default).
+        name: String,
+    },
     /// Every message of this deployment belongs to one tenant.
-    Fixed { tenant: String },
+    Fixed {
+        /// `identity.tenant.tenant`: the tenant (1..=128 visible ASCII
+        /// characters, no `:`).
+        tenant: String,
+    },
     /// A JSON pointer into the body; only where no header can be trusted.
-    Body { pointer: String },
+    Body {
+        /// `identity.tenant.pointer`: the pointer, e.g. `/client_id`.
+        pointer: String,
+    },
 }
 
+/// `[identity]`: how each message's tenant, idempotency key and
+/// fingerprint are read; the same rules on every transport.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IdentitySettings {
+    /// `[identity.tenant]` (default: the `client-id` header): where the
+    /// tenant comes from.
     pub tenant: TenantSource,
     /// Header carrying the idempotency key (AMQP falls back to message_id).
     pub key_header: String,
     /// If set, the key is read from this JSON pointer when the header is absent.
     pub key_pointer: Option<String>,
+    /// `identity.max_body_bytes` (default 1048576): the largest body
+    /// accepted; a longer one is dead-lettered `too_large` and claims no key.
     pub max_body_bytes: usize,
     /// The provider's idempotency key: `tenant:key`, or `sha256:<n>` (the
     /// first n hex digits, 32..=64, of SHA-256 over `tenant:key`) for
     /// providers that limit key length. Applies to keys claimed from now on.
     pub derived_key: String,
+    /// `[identity.fingerprint]`: the members of the body that define the
+    /// operation (default: all but `/sent_at` and `/attempt`) and the
+    /// version of the canonical form.
     pub fingerprint: FingerprintSpec,
 }
 
@@ -126,6 +168,8 @@ impl Default for IdentitySettings {
     }
 }
 
+/// `[retention]`: how long finished keys are kept, and how they are purged.
+/// `in_progress` and `unknown` keys are never purged.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionSettings {
@@ -136,8 +180,12 @@ pub struct RetentionSettings {
     /// (consumer lag you tolerate, delay queues, producer retries).
     #[serde(with = "humantime_serde")]
     pub redelivery_horizon: Duration,
+    /// `retention.purge_every` (default 1m): how often the upkeep leader
+    /// purges finished keys older than `keep`.
     #[serde(with = "humantime_serde")]
     pub purge_every: Duration,
+    /// `retention.purge_batch` (default 1000): most keys one purge statement
+    /// deletes; a purge repeats statements until fewer are left.
     pub purge_batch: i64,
     /// Accept a `keep` shorter than a source topic's `retention.ms` (by
     /// default start-up refuses it: a group reset would replay purged keys).
@@ -156,6 +204,7 @@ impl Default for RetentionSettings {
     }
 }
 
+/// `[http]`: the operator endpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
@@ -171,17 +220,22 @@ impl Default for HttpSettings {
     }
 }
 
+/// How log lines are written (`log.format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
+    /// Human-readable lines (the default).
     #[default]
     Text,
+    /// One JSON object per line, for log collectors.
     Json,
 }
 
+/// `[log]`: the format and verbosity of log lines.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
+    /// `log.format` (default `text`): `text` or `json`.
     pub format: LogFormat,
     /// tracing-subscriber filter, e.g. `info,dedupq=debug`.
     pub filter: String,
@@ -200,13 +254,19 @@ impl Default for LogSettings {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid setting `{setting}` (env DEDUPQ__{env}): {problem}. Fix: {fix}")]
 pub struct ConfigError {
+    /// The setting's dotted name, e.g. `engine.lease` (or `--config`).
     pub setting: String,
+    /// The variable that sets it, without the `DEDUPQ__` prefix, e.g.
+    /// `ENGINE__LEASE`.
     pub env: String,
+    /// What is wrong with the value.
     pub problem: String,
+    /// How to correct it.
     pub fix: String,
 }
 
 impl ConfigError {
+    /// An error about `setting`; its variable name is derived from it.
     pub fn new(setting: &str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             setting: setting.to_string(),
@@ -230,7 +290,8 @@ fn env_name(setting: &str) -> String {
 }
 
 impl Settings {
-    /// Defaults, then the TOML file (if given), then `DEDUPQ__…` variables.
+    /// Defaults, then the TOML file (if given), then `DEDUPQ__…` variables,
+    /// then secret files; the result has passed [`Settings::validate`].
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(path) = file {
@@ -276,6 +337,8 @@ impl Settings {
         copy
     }
 
+    /// Every start-up check; the first that fails is returned, naming its
+    /// setting and the fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check::validate(self)
     }

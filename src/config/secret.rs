@@ -16,10 +16,13 @@ pub const HIDDEN: &str = "***";
 pub struct SecretUrl(String);
 
 impl SecretUrl {
+    /// Wraps `url` as it is; the start-up checks parse it.
     pub fn new(url: impl Into<String>) -> Self {
         Self(url.into())
     }
 
+    /// The URL with its credentials, for the code that connects; never for
+    /// output or logs.
     pub fn expose(&self) -> &str {
         &self.0
     }

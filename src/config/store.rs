@@ -23,6 +23,7 @@ pub enum MigrateMode {
 }
 
 impl MigrateMode {
+    /// The value as `store.migrate` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             MigrateMode::Auto => "auto",
@@ -31,17 +32,30 @@ impl MigrateMode {
     }
 }
 
+/// `[store]`: the PostgreSQL that holds the key table.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSettings {
+    /// `store.url` (default
+    /// `postgres://postgres:postgres@127.0.0.1:5432/postgres`): the
+    /// database, with libpq parameters such as `sslmode`. May carry a
+    /// password: hidden in `dedupq config` and logs.
     pub url: SecretUrl,
     /// A file holding the URL (a Kubernetes or Docker secret); wins over
     /// `url`.
     pub url_file: Option<PathBuf>,
     /// Schema holding the key table; None: the connection's search_path.
     pub schema: Option<String>,
+    /// `store.migrate` (default `auto`): apply pending migrations at
+    /// start-up, or only check that none is pending.
     pub migrate: MigrateMode,
+    /// `store.max_connections` (default 8): the pool's size. Claims and
+    /// results are batched, so few connections carry a lot; the upkeep
+    /// lock takes one more, outside the pool.
     pub max_connections: u32,
+    /// `store.acquire_timeout` (default 3s): how long a statement waits for
+    /// a connection before it fails, so an outage is noticed fast and the
+    /// engine pauses and retries.
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
 }
@@ -60,6 +74,9 @@ impl Default for StoreSettings {
 }
 
 impl StoreSettings {
+    /// Start-up checks of `[store]`: a `postgres://` URL, at least one
+    /// connection, a plain schema name. Each error names the setting and
+    /// the fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let url = self.url.expose();
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {

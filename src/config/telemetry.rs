@@ -16,6 +16,7 @@ pub enum OtlpProtocol {
     Http,
 }
 
+/// `[telemetry]`: trace export over OTLP.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetrySettings {
@@ -24,6 +25,8 @@ pub struct TelemetrySettings {
     /// The collector. gRPC: `http://host:4317`; HTTP: the base URL
     /// (`http://host:4318`), to which `/v1/traces` is appended.
     pub endpoint: String,
+    /// `telemetry.protocol` (default `grpc`): `grpc`, or `http` for
+    /// OTLP/HTTP with protobuf bodies.
     pub protocol: OtlpProtocol,
     /// `service.name` of every span.
     pub service_name: String,

@@ -19,6 +19,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+/// The leased engine: claims a batch's keys in PostgreSQL, runs the
+/// handlers of the keys it won while renewing their leases, stores their
+/// outcomes fenced by epoch, and returns one [`Decision`] per message.
+/// Clones share one engine.
 #[derive(Clone)]
 pub struct Engine {
     pub(super) inner: Arc<Inner>,
@@ -47,6 +51,9 @@ pub(super) struct Pending {
 }
 
 impl Engine {
+    /// An engine whose handler faults go to a readiness state of its own,
+    /// which no endpoint reads; [`Engine::with_health`] reports them on
+    /// /readyz.
     pub fn new(
         store: Store,
         handler: Arc<dyn Handler>,
@@ -91,18 +98,22 @@ impl Engine {
         }
     }
 
+    /// The key table this engine claims in.
     pub fn store(&self) -> &Store {
         &self.inner.store
     }
 
+    /// The metrics this engine records its decisions in.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
 
+    /// The identity rules messages are read with.
     pub fn parser(&self) -> &Parser {
         &self.inner.parser
     }
 
+    /// The leases, limits and backoff this engine runs with.
     pub fn options(&self) -> &EngineOptions {
         &self.inner.options
     }
@@ -241,6 +252,8 @@ impl Pipeline for Engine {
     }
 }
 
+/// The `transport` label of a message's source in metrics and spans:
+/// `kafka`, `amqp`, `http` or `direct`.
 pub fn transport_label(source: &Source) -> &'static str {
     match source {
         Source::Kafka { .. } => "kafka",

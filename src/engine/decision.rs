@@ -6,17 +6,38 @@ use crate::identity::{Epoch, Identity};
 use crate::store::StoredResult;
 use std::time::Duration;
 
-/// The outcome label of DESIGN section 3 (also the metrics label).
+/// What happened to one message: the `outcome` label of
+/// `dedupq_messages_total`, as in README.md's "What happens to each
+/// message".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
+    /// A new key: claimed, the handler succeeded, its result stored `done`.
     Processed,
+    /// The key finished before with the same fingerprint: the stored result
+    /// is replayed, the handler not run.
     Duplicate,
+    /// The key is held elsewhere (a live lease, a concurrent claim or
+    /// transaction): retried later, nothing committed past it.
     InFlight,
+    /// A key whose owner's lease had ended, taken over: the handler ran
+    /// again, with the same derived key, and succeeded.
     Takeover,
+    /// The key was used before with a different fingerprint: never run,
+    /// dead-lettered.
     Conflict,
+    /// The message cannot be processed (see [`InvalidReason`]), or
+    /// PostgreSQL refused its claim: dead-lettered, no key claimed.
     Invalid,
+    /// The handler failed for good (a permanent refusal, or transient
+    /// failures on every allowed attempt): stored `failed`.
     Failed,
+    /// The handler failed transiently: the key is released and the message
+    /// retried later.
     Retried,
+    /// The handler may have acted (a timeout, a lost lease, a panic): the
+    /// key is recorded `unknown` and retried with the same request, or
+    /// held for an operator after the last attempt. Also a message whose
+    /// key is already held `unknown`: answered so and committed.
     Unknown,
     /// The worker's write was fenced: another worker owns the key now.
     LeaseLost,
@@ -26,6 +47,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome.
     pub const ALL: [Outcome; 11] = [
         Outcome::Processed,
         Outcome::Duplicate,
@@ -40,6 +62,7 @@ impl Outcome {
         Outcome::Fault,
     ];
 
+    /// The `outcome` label value, e.g. `in_flight` or `handler_fault`.
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Processed => "processed",
@@ -60,6 +83,7 @@ impl Outcome {
 /// Why a message goes to the dead-letter topic or exchange.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadLetterReason {
+    /// The message cannot be processed; its label is the invalid reason's.
     Invalid(InvalidReason),
     /// Same key, different operation.
     Conflict,
@@ -77,6 +101,8 @@ pub enum DeadLetterReason {
 }
 
 impl DeadLetterReason {
+    /// The `dedupq-reason` header of the dead letter, and the `reason`
+    /// label of `dedupq_dead_letters_total`.
     pub fn label(&self) -> &'static str {
         match self {
             DeadLetterReason::Invalid(r) => r.label(),
@@ -121,27 +147,46 @@ mod tests {
     }
 }
 
+/// What the transport does with a decided message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// The outcome is durable: commit the offset / ack the delivery. The
     /// result (fresh or stored) goes to a reply destination if there is one.
-    Commit { reply: Option<StoredResult> },
+    Commit {
+        /// The result to reply with.
+        reply: Option<StoredResult>,
+    },
     /// Publish to the dead-letter destination (confirmed), then commit/ack.
     DeadLetter {
+        /// Why; the `dedupq-reason` header.
         reason: DeadLetterReason,
+        /// The explanation for an operator; the `dedupq-detail` header.
         detail: String,
     },
     /// Nothing durable yet: deliver this message again after `after`
     /// (Kafka: re-claim in place; RabbitMQ: through the delay queue).
-    RetryLater { after: Duration },
+    RetryLater {
+        /// How long to wait first.
+        after: Duration,
+    },
 }
 
+/// The engine's decision about one message: what happened, and what the
+/// transport does next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
+    /// What happened (the metrics label).
     pub outcome: Outcome,
+    /// What the transport does next.
     pub action: Action,
+    /// The message's tenant and key; None when the message could not be
+    /// read.
     pub identity: Option<Identity>,
+    /// The message's fingerprint, when the decision is about its key (the
+    /// dead letter's `dedupq-fingerprint` header).
     pub fingerprint: Option<Fingerprint>,
+    /// The fencing epoch of the claim whose handler ran (leased engine
+    /// only); None otherwise.
     pub epoch: Option<Epoch>,
 }
 
@@ -157,6 +202,8 @@ impl Decision {
         }
     }
 
+    /// The dead letter of a message that cannot be processed: outcome
+    /// `invalid`, reason and detail from `reason`.
     pub fn invalid(reason: InvalidReason) -> Self {
         Self {
             outcome: Outcome::Invalid,

@@ -12,20 +12,43 @@ use std::sync::Arc;
 /// claims a key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidReason {
+    /// The body is longer than `identity.max_body_bytes` (`too_large`).
     #[error("body is {len} bytes; the limit is {max}")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The body's length in bytes.
+        len: usize,
+        /// The limit, `identity.max_body_bytes`.
+        max: usize,
+    },
+    /// The body is not JSON (`not_json`).
     #[error("body is not JSON: {0}")]
     NotJson(JsonError),
+    /// The body is JSON, but not an object (`not_json`).
     #[error("body is JSON but not an object")]
     NotObject,
+    /// An object in the body names a member twice, which two parsers could
+    /// read as two different payments (`duplicate_member`).
     #[error("ambiguous body: {0}")]
     DuplicateMember(JsonError),
+    /// A header name is not UTF-8 (`bad_header`).
     #[error("a header name is not UTF-8: {name}")]
-    BadHeader { name: String },
+    BadHeader {
+        /// The name, its invalid bytes replaced by U+FFFD.
+        name: String,
+    },
+    /// The key or tenant header appears more than once
+    /// (`duplicate_header`).
     #[error("header '{name}' appears {count} times: which one names the payment is ambiguous")]
-    DuplicateHeader { name: String, count: usize },
+    DuplicateHeader {
+        /// The header, as configured.
+        name: String,
+        /// How often the message carries it.
+        count: usize,
+    },
+    /// The tenant is missing or not valid (`bad_tenant`).
     #[error("tenant: {0}")]
     Tenant(IdentityError),
+    /// The idempotency key is missing or not valid (`bad_key`).
     #[error("idempotency key: {0}")]
     Key(IdentityError),
 }
@@ -44,6 +67,8 @@ impl InvalidReason {
         }
     }
 
+    /// Every label [`InvalidReason::label`] gives, for the dead-letter
+    /// counters that exist from start-up.
     pub const LABELS: [&'static str; 7] = [
         "too_large",
         "not_json",
@@ -58,7 +83,10 @@ impl InvalidReason {
 /// A valid message, ready to claim.
 #[derive(Debug, Clone)]
 pub struct Parsed {
+    /// The tenant and the idempotency key.
     pub identity: Identity,
+    /// The fingerprint of the operation, compared with the stored one when
+    /// the key exists.
     pub fingerprint: Fingerprint,
     /// The key sent to the provider, if this message's claim creates the key.
     pub derived_key: String,
@@ -119,6 +147,10 @@ impl Parser {
         Some(hasher.finish())
     }
 
+    /// Reads a delivery's identity, fingerprint and derived key, or says why
+    /// it is invalid: header names are UTF-8, the key and tenant headers
+    /// appear once, the body fits `identity.max_body_bytes` and is a JSON
+    /// object without repeated members, tenant and key are valid.
     pub fn parse(&self, msg: &Incoming) -> Result<Parsed, InvalidReason> {
         self.check_headers(msg)?;
         if msg.body.len() > self.max_body_bytes {

@@ -1,3 +1,6 @@
+//! The engine's runtime options, derived from the configuration, and the
+//! owner name of this process.
+
 pub use crate::backoff::Backoff;
 use crate::config::Settings;
 use rand::Rng;
@@ -8,16 +11,32 @@ use std::time::Duration;
 pub struct EngineOptions {
     /// Written into claimed rows; names this process in `keys show`.
     pub owner: String,
+    /// How long a claim is exclusive without renewal (`engine.lease`).
     pub lease: Duration,
+    /// How often running handlers' leases are renewed
+    /// (`engine.renew_every`).
     pub renew_every: Duration,
+    /// The longest handler run (`handler.timeout`); past it the leased
+    /// engine records the outcome unknown. The same-database engine only
+    /// passes it on as the call's deadline.
     pub handler_timeout: Duration,
+    /// Handler runs at once in this process (`engine.concurrency`); the
+    /// same-database engine runs up to this many transactions of a batch
+    /// at once.
     pub concurrency: usize,
+    /// Attempts before a transient failure or an unknown outcome is final
+    /// (`engine.max_attempts`).
     pub max_attempts: u32,
+    /// Waits between retries (`engine.retry_backoff_min` to
+    /// `engine.retry_backoff_max`).
     pub backoff: Backoff,
+    /// Most messages in one claim statement (`engine.max_batch`).
     pub max_batch: usize,
 }
 
 impl EngineOptions {
+    /// The options `[engine]` and `handler.timeout` set; without
+    /// `engine.owner`, the owner is [`default_owner`].
     pub fn from_settings(s: &Settings) -> Self {
         let e = &s.engine;
         Self {

@@ -11,6 +11,8 @@ use crate::metrics::Metrics;
 use crate::store::StoreError;
 use async_trait::async_trait;
 
+/// An engine as the transports see it: batches in, one decision per
+/// message out.
 #[async_trait]
 pub trait Pipeline: Send + Sync + 'static {
     /// One decision per message, in order. An error means the store is
@@ -21,6 +23,8 @@ pub trait Pipeline: Send + Sync + 'static {
     /// `message_id` fallback).
     fn parser(&self) -> &Parser;
 
+    /// Where the transport records its own metrics (dead letters, replies,
+    /// end-to-end time).
     fn metrics(&self) -> &Metrics;
 
     /// How long to wait between tries while the store is out of reach.

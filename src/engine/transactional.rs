@@ -1,6 +1,6 @@
-//! Same-database mode (DESIGN section 2): the handler writes to the same
-//! PostgreSQL inside the claim's transaction, so claim, work and result
-//! commit together or not at all. No lease, no renewal, no fencing needed.
+//! Same-database mode: the handler writes to the same PostgreSQL inside
+//! the claim's transaction, so claim, work and result commit together or
+//! not at all. No lease, no renewal, no fencing needed.
 
 use super::core::{limit_retries, transport_label};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
@@ -9,6 +9,7 @@ use super::options::EngineOptions;
 use super::pipeline::Pipeline;
 use crate::backoff::Backoff;
 use crate::handler::{HandlerCall, HandlerResult, Request};
+use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::store::{
     ClaimRequest, ClaimResult, KeyStatus, Store, StoreError, StoredResult, TxClaim,
@@ -16,7 +17,7 @@ use crate::store::{
 use async_trait::async_trait;
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
-use sqlx::PgConnection;
+use sqlx::{Executor, PgConnection};
 use std::sync::Arc;
 
 /// Why a transactional handler did not succeed.
@@ -24,7 +25,9 @@ use std::sync::Arc;
 pub enum TxFailure {
     /// Stored as failed (the handler's own writes are rolled back).
     Permanent(HandlerResult),
-    /// Everything is rolled back; the message is retried later.
+    /// Everything is rolled back, the claim included; the message is
+    /// retried later, and dead-lettered (`exhausted_retries`, the key left
+    /// free) once it has had `engine.max_attempts` attempts.
     Transient(String),
 }
 
@@ -32,12 +35,26 @@ pub enum TxFailure {
 /// commit together with the key's result, or not at all. No provider key is
 /// needed for exactly-once: a crash before the commit leaves neither.
 ///
-/// ```
+/// Behind the same transports through
+/// [`Application::build_transactional`](crate::startup::Application::build_transactional);
+/// `examples/ledger.rs` is a complete program.
+///
+/// A handler that books one ledger row per payment in the claim's
+/// transaction:
+///
+/// ```no_run
 /// use dedupq::engine::{TransactionalHandler, TxFailure};
 /// use dedupq::handler::{HandlerCall, HandlerResult};
+/// use serde_json::json;
 /// use sqlx::PgConnection;
 ///
+/// /// Books `amount` (in cents) for the payment's tenant and key.
 /// struct Ledger;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Entry {
+///     amount: i64,
+/// }
 ///
 /// #[async_trait::async_trait]
 /// impl TransactionalHandler for Ledger {
@@ -46,22 +63,33 @@ pub enum TxFailure {
 ///         conn: &mut PgConnection,
 ///         call: &HandlerCall<'_>,
 ///     ) -> Result<HandlerResult, TxFailure> {
-///         let entry: serde_json::Value = call
-///             .json()
-///             .map_err(|e| TxFailure::Permanent(HandlerResult::json(400, &serde_json::json!({"error": e.to_string()}))))?;
-///         sqlx::query("INSERT INTO ledger (tenant, key, amount) VALUES ($1, $2, $3)")
-///             .bind(call.identity.tenant.as_str())
-///             .bind(call.identity.key.as_str())
-///             .bind(entry["amount"].as_i64().unwrap_or(0))
-///             .execute(conn)
-///             .await
-///             .map_err(|e| TxFailure::Transient(e.to_string()))?;
-///         Ok(HandlerResult::json(201, &entry))
+///         let entry: Entry = call.json().map_err(|e| {
+///             let body = json!({ "error": format!("not a ledger entry: {e}") });
+///             TxFailure::Permanent(HandlerResult::json(422, &body))
+///         })?;
+///         // In the claim's transaction: committed with the key's result.
+///         let id: i64 = sqlx::query_scalar(
+///             "INSERT INTO ledger (tenant, key, amount) VALUES ($1, $2, $3) RETURNING id",
+///         )
+///         .bind(call.identity.tenant.as_str())
+///         .bind(call.identity.key.as_str())
+///         .bind(entry.amount)
+///         .fetch_one(&mut *conn)
+///         .await
+///         .map_err(|e| TxFailure::Transient(e.to_string()))?;
+///         let body = json!({ "entry": id, "amount": entry.amount });
+///         Ok(HandlerResult::json(201, &body))
 ///     }
 /// }
 /// ```
 #[async_trait]
 pub trait TransactionalHandler: Send + Sync + 'static {
+    /// Does the work on `conn`, inside the transaction that claimed the
+    /// key (never commit or roll it back here). `Ok` commits the writes with the result stored `done`;
+    /// [`TxFailure::Permanent`] rolls the writes back and stores `failed`;
+    /// [`TxFailure::Transient`] rolls everything back, the claim included.
+    /// A handler still running after `handler.timeout` is abandoned and
+    /// rolled back like a transient failure.
     async fn handle(
         &self,
         conn: &mut PgConnection,
@@ -69,6 +97,9 @@ pub trait TransactionalHandler: Send + Sync + 'static {
     ) -> Result<HandlerResult, TxFailure>;
 }
 
+/// The same-database engine: one transaction per message claims the key,
+/// runs the [`TransactionalHandler`] on its connection and stores the
+/// result, so a crash leaves none of them.
 pub struct TransactionalEngine {
     store: Store,
     handler: Arc<dyn TransactionalHandler>,
@@ -78,6 +109,7 @@ pub struct TransactionalEngine {
 }
 
 impl TransactionalEngine {
+    /// An engine over `store`, reading messages with `parser`.
     pub fn new(
         store: Store,
         handler: Arc<dyn TransactionalHandler>,
@@ -170,6 +202,9 @@ impl TransactionalEngine {
                 return Ok(decided(Outcome::InFlight, Action::RetryLater { after }));
             }
         };
+        // Nothing of a rolled-back attempt is stored, so the attempts are
+        // the times the transport brought the message back.
+        let attempt = msg.retries.saturating_add(1);
         let call = HandlerCall {
             identity: &parsed.identity,
             derived_key: &parsed.derived_key,
@@ -178,17 +213,36 @@ impl TransactionalEngine {
                 content_type: msg.content_type.as_deref(),
             },
             headers: &msg.headers,
-            attempt: 1,
+            attempt,
             epoch: crate::identity::Epoch(1),
             owner: &self.options.owner,
             lease_deadline: Utc::now() + self.options.handler_timeout,
             source: &msg.source,
             uncertain: false,
         };
-        sqlx::query("SAVEPOINT dedupq_handler")
-            .execute(&mut *tx)
-            .await?;
-        let (outcome, reply) = match self.handler.handle(&mut tx, &call).await {
+        let timeout = self.options.handler_timeout;
+        // PostgreSQL itself ends a handler statement that runs past the
+        // timeout, so an abandoned attempt does not hold the key's row (and
+        // its connection) for as long as the statement would have run.
+        let limit = format!(
+            "SET LOCAL statement_timeout = {}; SAVEPOINT dedupq_handler",
+            timeout.as_millis().max(1)
+        );
+        let conn: &mut PgConnection = &mut tx;
+        conn.execute(sqlx::raw_sql(&limit)).await?;
+        let Ok(ran) = tokio::time::timeout(timeout, self.handler.handle(&mut tx, &call)).await
+        else {
+            // The connection may still be running the handler's statement:
+            // dropping the transaction rolls it back once that ends, without
+            // waiting for it here.
+            drop(tx);
+            let error = format!(
+                "the handler did not finish within handler.timeout ({})",
+                humantime::format_duration(timeout)
+            );
+            return Ok(self.not_done(&parsed.identity, attempt, error, decided));
+        };
+        let (outcome, reply) = match ran {
             Ok(r) => (Outcome::Processed, stored(KeyStatus::Done, r)),
             Err(TxFailure::Permanent(r)) => {
                 sqlx::query("ROLLBACK TO SAVEPOINT dedupq_handler")
@@ -198,14 +252,40 @@ impl TransactionalEngine {
             }
             Err(TxFailure::Transient(error)) => {
                 tx.rollback().await?;
-                tracing::info!(identity = %parsed.identity, %error, "transactional handler failed; retrying later");
-                let after = self.options.backoff.after_attempt(1);
-                return Ok(decided(Outcome::Retried, Action::RetryLater { after }));
+                return Ok(self.not_done(&parsed.identity, attempt, error, decided));
             }
         };
         Store::finish_in_transaction(&mut tx, &parsed.identity, &reply).await?;
         tx.commit().await?;
         Ok(decided(outcome, Action::Commit { reply: Some(reply) }))
+    }
+}
+
+impl TransactionalEngine {
+    /// A rolled-back attempt: nothing of it happened and nothing is stored
+    /// for the key, so the message is retried, and after
+    /// `engine.max_attempts` dead-lettered with the key still free (a
+    /// replay of the dead letter runs the work afresh).
+    fn not_done(
+        &self,
+        identity: &Identity,
+        attempt: u32,
+        error: String,
+        decided: impl Fn(Outcome, Action) -> Decision,
+    ) -> Decision {
+        if attempt >= self.options.max_attempts {
+            tracing::warn!(%identity, attempt, %error, "transactional handler failed on its last attempt; dead-lettered");
+            return decided(
+                Outcome::Failed,
+                Action::DeadLetter {
+                    reason: DeadLetterReason::ExhaustedRetries,
+                    detail: format!("{attempt} attempts failed; last error: {error}"),
+                },
+            );
+        }
+        tracing::info!(%identity, attempt, %error, "transactional handler failed; retrying later");
+        let after = self.options.backoff.after_attempt(attempt);
+        decided(Outcome::Retried, Action::RetryLater { after })
     }
 }
 

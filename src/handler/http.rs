@@ -21,13 +21,40 @@ use std::time::Duration;
 
 /// Headers dedupq adds to every request, besides the derived key.
 pub mod header {
+    /// The attempt number: 1 on the first claim, +1 on every takeover.
     pub const ATTEMPT: &str = "X-Dedupq-Attempt";
+    /// The claim's fencing epoch.
     pub const EPOCH: &str = "X-Dedupq-Epoch";
+    /// The process holding the claim (`engine.owner`).
     pub const OWNER: &str = "X-Dedupq-Owner";
+    /// The message's tenant.
     pub const TENANT: &str = "X-Dedupq-Tenant";
+    /// The message's own idempotency key (the derived key goes in
+    /// `handler.key_header`).
     pub const KEY: &str = "X-Dedupq-Key";
 }
 
+/// The `http` handler: POSTs the message's bytes, exactly as received, to
+/// `handler.url` (or the first matching `handler.routes` entry) with the
+/// derived key in `handler.key_header`. Built once from `[handler]`; its
+/// connection pool is shared by every call.
+///
+/// How answers become outcomes:
+/// - 2xx: [`HandlerOutcome::Success`].
+/// - 5xx, 408, 409, 429, or a refused connection:
+///   [`HandlerOutcome::Transient`].
+/// - 422: [`HandlerOutcome::Permanent`] on a first attempt, like any other
+///   4xx; after an uncertain attempt it is only the provider noticing a
+///   repeat, so it settles nothing (transient).
+/// - 3xx and `handler.fault_statuses` (401, 403, 404, 405 by default):
+///   [`HandlerOutcome::Fault`]. Redirects are never followed: the POST would
+///   turn into a GET without its body.
+/// - A timeout or broken connection after sending:
+///   [`HandlerOutcome::Unknown`], because the provider may have acted.
+///
+/// After an uncertain attempt, `handler.lookup_url` (when set) is asked
+/// first whether the earlier request took effect; a 200 settles the key as
+/// done without sending it again.
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
@@ -41,13 +68,22 @@ pub struct HttpHandler {
     max_response_bytes: usize,
 }
 
+/// Why the `http` handler could not be built. Either stops dedupq at
+/// startup: no message is claimed without a working handler.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpHandlerError {
+    /// A `[handler]` setting is unusable: a URL that is not http(s), a
+    /// header name or value that is not valid, a CA or client identity file
+    /// that cannot be read or parsed.
     #[error("invalid setting `handler.{setting}`: {problem}")]
     Config {
+        /// The setting's name under `handler.`.
         setting: &'static str,
+        /// What is wrong with it (never a secret header's value).
         problem: String,
     },
+    /// reqwest could not build a client from these settings (its TLS
+    /// setup failed).
     #[error("building the HTTP client failed")]
     Client(#[source] reqwest::Error),
 }
@@ -70,6 +106,9 @@ fn parse_url(setting: &'static str, raw: &str) -> Result<reqwest::Url, HttpHandl
 }
 
 impl HttpHandler {
+    /// Checks and resolves the settings (URLs, header names, secret header
+    /// values, TLS files) and builds the client. Redirects are never
+    /// followed.
     pub fn new(s: &HandlerSettings) -> Result<Self, HttpHandlerError> {
         let url = parse_url("url", &s.url)?;
         let routes = s

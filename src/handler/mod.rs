@@ -1,6 +1,11 @@
 //! The work a claimed message triggers. Handlers see the derived key, which
 //! is the same on every attempt; a handler that calls a provider must send
 //! it as the provider's idempotency key.
+//!
+//! The built-in handler is [`HttpHandler`]. Work that is SQL in the database
+//! holding the keys needs no provider key:
+//! [`TransactionalHandler`](crate::engine::TransactionalHandler) runs it in
+//! the claim's own transaction.
 
 use crate::identity::{Epoch, Identity};
 use crate::message::{Header, Source};
@@ -13,12 +18,14 @@ use serde::de::DeserializeOwned;
 pub struct Request<'a> {
     /// The message's payload exactly as the first attempt received it.
     pub body: &'a [u8],
+    /// The content type that came with that same payload, if any.
     pub content_type: Option<&'a str>,
 }
 
 /// Everything a handler may need about one claimed message.
 #[derive(Debug)]
 pub struct HandlerCall<'a> {
+    /// The tenant and idempotency key this call settles.
     pub identity: &'a Identity,
     /// Send this as the provider's idempotency key: the same on every
     /// attempt (stored with the key at its first claim).
@@ -38,6 +45,7 @@ pub struct HandlerCall<'a> {
     /// When the current lease ends unless renewed (the engine renews it
     /// while the handler runs).
     pub lease_deadline: DateTime<Utc>,
+    /// Where the delivery that triggered this attempt came from.
     pub source: &'a Source,
     /// An earlier attempt may have had its effect and no answer settled
     /// it: only an answer about that first request may settle the key (a
@@ -55,8 +63,12 @@ impl HandlerCall<'_> {
 /// A status and body, stored byte for byte and replayed to duplicates.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HandlerResult {
+    /// The answer's status code (the provider's HTTP status for `http`);
+    /// the HTTP API answers with it, the first time and on every replay.
     pub status: i32,
+    /// The answer's body.
     pub body: Vec<u8>,
+    /// The body's content type, if known.
     pub content_type: Option<String>,
 }
 
@@ -71,24 +83,43 @@ impl HandlerResult {
     }
 }
 
+/// What one handler run amounts to. The variant decides what is stored
+/// for the key and what happens to the message; after an uncertain attempt
+/// ([`HandlerCall::uncertain`]) a `Transient` answer counts as `Unknown`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HandlerOutcome {
     /// Done: stored and replayed.
     Success(HandlerResult),
     /// Failed for good (declined card, 4xx): stored and replayed, never retried.
     Permanent(HandlerResult),
-    /// Nothing happened (5xx, refused): retried after backoff.
-    Transient { status: Option<i32>, error: String },
+    /// Nothing happened (5xx, refused): released and retried after
+    /// backoff; on the last of `engine.max_attempts` stored as failed and
+    /// dead-lettered (`exhausted_retries`).
+    Transient {
+        /// The provider's status, if it answered at all.
+        status: Option<i32>,
+        /// What went wrong, for logs and the dead letter's detail.
+        error: String,
+    },
     /// The request may have had its effect (timeout after sending): retried
-    /// with the same request and derived key, or settled by an operator.
-    Unknown { error: String },
+    /// with the same request and derived key; on the last attempt held as
+    /// unknown and dead-lettered (`outcome_unknown`) for an operator to
+    /// settle.
+    Unknown {
+        /// What went wrong, for logs and the dead letter's detail.
+        error: String,
+    },
     /// The answer says dedupq is misconfigured (a 401 after a key rotation,
     /// a 404 from a mistyped URL, a redirect): not the payment's outcome.
     /// Never stored; retried with backoff without using up an attempt;
     /// counted and reported on /readyz.
     Fault {
+        /// The status that revealed the fault, if there was an answer.
         status: Option<i32>,
+        /// Which kind of misconfiguration; the `reason` label of
+        /// `dedupq_handler_faults_total`.
         reason: FaultReason,
+        /// What went wrong, for the log.
         error: String,
     },
 }
@@ -96,16 +127,22 @@ pub enum HandlerOutcome {
 /// Why a handler answer is a configuration fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultReason {
+    /// 401: the provider does not accept dedupq's credentials.
     Unauthorized,
+    /// 403: the credentials lack a permission.
     Forbidden,
+    /// 404: the URL points at nothing.
     NotFound,
+    /// 405: the URL does not take a POST.
     MethodNotAllowed,
+    /// Any 3xx: the URL moved (redirects are never followed).
     Redirect,
     /// Another status listed in `handler.fault_statuses`.
     Other,
 }
 
 impl FaultReason {
+    /// Every reason: the label values of `dedupq_handler_faults_total`.
     pub const ALL: [FaultReason; 6] = [
         FaultReason::Unauthorized,
         FaultReason::Forbidden,
@@ -115,6 +152,7 @@ impl FaultReason {
         FaultReason::Other,
     ];
 
+    /// The reason's label in metrics and logs.
     pub fn label(self) -> &'static str {
         match self {
             FaultReason::Unauthorized => "unauthorized",
@@ -128,27 +166,75 @@ impl FaultReason {
 }
 
 /// The work a claimed message triggers. Called at most once at a time per
-/// key, with the lease renewed while it runs.
+/// key, with the lease renewed while it runs. A run that panics, outlasts
+/// `handler.timeout` or loses its lease counts as
+/// [`HandlerOutcome::Unknown`]: the effect may have happened, so the next
+/// attempt must send the same request with the same derived key.
 ///
-/// ```
-/// use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, HandlerResult};
+/// A handler of one's own runs behind the same transports through
+/// [`Application::build_with_handler`](crate::startup::Application::build_with_handler).
 ///
-/// struct Ledger;
+/// A handler that charges through a provider honouring `Idempotency-Key`:
+///
+/// ```no_run
+/// use dedupq::handler::{FaultReason, Handler, HandlerCall, HandlerOutcome, HandlerResult};
+///
+/// struct Charge {
+///     client: reqwest::Client,
+/// }
 ///
 /// #[async_trait::async_trait]
-/// impl Handler for Ledger {
+/// impl Handler for Charge {
 ///     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome {
-///         let Ok(order) = call.json::<serde_json::Value>() else {
-///             let body = serde_json::json!({"error": "not an order"});
-///             return HandlerOutcome::Permanent(HandlerResult::json(400, &body));
+///         let sent = self
+///             .client
+///             .post("https://provider.example/v1/charges")
+///             // The same on every attempt: the provider recognises a retry.
+///             .header("Idempotency-Key", call.derived_key)
+///             .header("Content-Type", "application/json")
+///             .body(call.request.body.to_vec())
+///             .send()
+///             .await;
+///         let response = match sent {
+///             Ok(response) => response,
+///             // Never sent: nothing happened.
+///             Err(e) if e.is_connect() => {
+///                 let error = e.to_string();
+///                 return HandlerOutcome::Transient { status: None, error };
+///             }
+///             // Sent, but no answer: the charge may have happened.
+///             Err(e) => return HandlerOutcome::Unknown { error: e.to_string() },
 ///         };
-///         // ... call the provider with `call.derived_key` as its idempotency key ...
-///         HandlerOutcome::Success(HandlerResult::json(200, &order))
+///         let status = response.status().as_u16();
+///         let Ok(body) = response.bytes().await else {
+///             let error = format!("the answer ({status}) broke off");
+///             return HandlerOutcome::Unknown { error };
+///         };
+///         let result = HandlerResult {
+///             status: i32::from(status),
+///             body: body.to_vec(),
+///             content_type: Some("application/json".into()),
+///         };
+///         let error = format!("provider answered {status}");
+///         match status {
+///             200..=299 => HandlerOutcome::Success(result),
+///             401 => HandlerOutcome::Fault {
+///                 status: Some(result.status),
+///                 reason: FaultReason::Unauthorized,
+///                 error,
+///             },
+///             408 | 409 | 429 | 500..=599 => HandlerOutcome::Transient {
+///                 status: Some(result.status),
+///                 error,
+///             },
+///             _ => HandlerOutcome::Permanent(result),
+///         }
 ///     }
 /// }
 /// ```
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
+    /// Does the work for one claimed message and says how it went.
     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome;
 }
 

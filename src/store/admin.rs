@@ -14,26 +14,48 @@ pub(super) const COLUMNS: &str =
     result_content_type, derived_key, last_error, \
     created_at, updated_at, completed_at";
 
+/// One key row as an operator sees it: what `dedupq keys show|list` print
+/// and what an audit line keeps as the row before an intervention.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyRow {
+    /// The tenant the key belongs to.
     pub tenant: String,
+    /// The idempotency key.
     pub key: String,
+    /// The stored fingerprint's digest, in hex.
     pub fingerprint: String,
+    /// The fingerprint version it was stored under.
     pub fingerprint_version: i16,
+    /// Where the key is in its life.
     pub status: KeyStatus,
+    /// The fencing epoch of the latest claim or takeover.
     pub epoch: i64,
+    /// When the current lease ends. None once done or failed, and for an
+    /// unknown key held for an operator.
     pub lease_until: Option<DateTime<Utc>>,
+    /// The process that made the latest claim (`host-pid-random` unless
+    /// configured).
     pub owner: String,
+    /// Attempts on the key so far (refunded ones not).
     pub attempts: i32,
+    /// The stored answer's status code, once done or failed.
     pub result_status: Option<i32>,
     /// The stored answer: its JSON verbatim when it is JSON, else
     /// `{"base64": …}`.
     pub result_body: Option<Box<RawValue>>,
+    /// The stored answer's media type.
     pub result_content_type: Option<String>,
+    /// The provider key of the first attempt (None for rows stored before
+    /// requests were kept).
     pub derived_key: Option<String>,
+    /// Why the latest attempt was released or ended unknown (cleared when
+    /// an attempt stores done or failed).
     pub last_error: Option<String>,
+    /// When the key was first claimed.
     pub created_at: DateTime<Utc>,
+    /// When the row last changed.
     pub updated_at: DateTime<Utc>,
+    /// When it became done or failed (None while open).
     pub completed_at: Option<DateTime<Utc>>,
 }
 
@@ -82,10 +104,13 @@ pub fn body_for_display(bytes: &[u8]) -> Box<RawValue> {
 pub enum KeyFilter {
     /// in_progress past its lease, or unknown: what needs an operator.
     Stuck,
+    /// Every key in this status, most recently changed first.
     Status(KeyStatus),
 }
 
 impl Store {
+    /// The whole row of one key, or None when it was never claimed (or was
+    /// purged).
     pub async fn show_key(&self, id: &Identity) -> Result<Option<KeyRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2");
         let row = sqlx::query(&sql)

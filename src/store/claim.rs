@@ -4,6 +4,7 @@ use super::{secs, sorted_order, KeyStatus, Store, StoreError};
 use crate::fingerprint::{Fingerprint, LEGACY_VERSION};
 use crate::identity::{Epoch, Identity};
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::time::Duration;
 
@@ -97,10 +98,17 @@ JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 /// One message to claim: its identity and operation, and the request a
 /// new key stores for every later attempt.
 pub struct ClaimRequest<'a> {
+    /// The row's primary key: `(tenant, key)`.
     pub identity: &'a Identity,
+    /// The operation: a stored row under another fingerprint is a conflict.
     pub fingerprint: &'a Fingerprint,
+    /// The payload as received; a new key stores it so that every retry
+    /// and takeover sends exactly these bytes.
     pub body: &'a [u8],
+    /// The payload's media type, stored with it.
     pub content_type: Option<&'a str>,
+    /// The key sent to the provider; a new key stores it so that a later
+    /// attempt sends the same one, even after a change of format.
     pub derived_key: &'a str,
 }
 
@@ -108,14 +116,33 @@ pub struct ClaimRequest<'a> {
 /// answer for a key held for an operator (no body).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResult {
+    /// `Done` or `Failed` for a stored answer; `Unknown` for a held key.
     pub status: KeyStatus,
+    /// The answer's status code (the provider's HTTP status for `http`);
+    /// 0 when none is stored.
     pub result_status: i32,
     /// The provider's answer, byte for byte.
     pub body: Vec<u8>,
+    /// The answer's media type, if it had one.
     pub content_type: Option<String>,
 }
 
 impl StoredResult {
+    /// The answer a done or failed row stores, read from its
+    /// `result_status`, `result_body` and `result_content_type` columns.
+    pub(super) fn from_row(row: &PgRow, status: KeyStatus) -> Result<Self, StoreError> {
+        Ok(Self {
+            status,
+            result_status: row
+                .try_get::<Option<i32>, _>("result_status")?
+                .unwrap_or_default(),
+            body: row
+                .try_get::<Option<Vec<u8>>, _>("result_body")?
+                .unwrap_or_default(),
+            content_type: row.try_get("result_content_type")?,
+        })
+    }
+
     /// The answer for a key whose outcome is unknown and held.
     pub fn unknown() -> Self {
         Self {
@@ -130,15 +157,21 @@ impl StoredResult {
 /// The request the key's first attempt stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRequest {
+    /// The payload of the first attempt, byte for byte.
     pub body: Vec<u8>,
+    /// Its media type, if it had one.
     pub content_type: Option<String>,
+    /// The provider key the first attempt used.
     pub derived_key: String,
 }
 
 /// This worker owns the key now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
+    /// The fencing token of this claim: every later write of it carries the
+    /// epoch and lands only while the row still has it.
     pub epoch: Epoch,
+    /// Attempts on the key so far, this one included (refunded ones not).
     pub attempts: i32,
     /// An earlier attempt may have had its effect (its outcome was unknown,
     /// or its worker died mid-call): only a settling answer ends the key.
@@ -148,6 +181,7 @@ pub struct Claim {
     pub stored_request: Option<StoredRequest>,
 }
 
+/// What claiming one key found, which decides what becomes of its message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimResult {
     /// New key: this worker owns it.
@@ -157,10 +191,17 @@ pub enum ClaimResult {
     /// Finished before, same operation: replay the stored result.
     Duplicate(StoredResult),
     /// Someone else holds a live lease on it.
-    Held { lease_until: DateTime<Utc> },
+    Held {
+        /// When the holder's lease ends (now, for a row without one): the
+        /// earliest a retry can take the key over.
+        lease_until: DateTime<Utc>,
+    },
     /// Its outcome stayed unknown through every allowed attempt: held for
     /// an operator, never run again on its own.
-    HeldUnknown { attempts: i32 },
+    HeldUnknown {
+        /// Attempts made on the key.
+        attempts: i32,
+    },
     /// Same key, different operation.
     Conflict,
     /// A concurrent claimer committed the row after this statement's
@@ -246,10 +287,7 @@ impl Store {
     }
 }
 
-pub(super) fn classify(
-    row: &sqlx::postgres::PgRow,
-    fingerprint: &Fingerprint,
-) -> Result<ClaimResult, StoreError> {
+pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimResult, StoreError> {
     if let Some(epoch) = row.try_get::<Option<i64>, _>("claimed_epoch")? {
         let inserted: bool = row.try_get("inserted")?;
         let stored_request = match row.try_get::<Option<Vec<u8>>, _>("stored_body")? {
@@ -305,16 +343,9 @@ pub(super) fn classify(
         });
     }
     Ok(match KeyStatus::parse(&status)? {
-        status @ (KeyStatus::Done | KeyStatus::Failed) => ClaimResult::Duplicate(StoredResult {
-            status,
-            result_status: row
-                .try_get::<Option<i32>, _>("result_status")?
-                .unwrap_or_default(),
-            body: row
-                .try_get::<Option<Vec<u8>>, _>("result_body")?
-                .unwrap_or_default(),
-            content_type: row.try_get("result_content_type")?,
-        }),
+        status @ (KeyStatus::Done | KeyStatus::Failed) => {
+            ClaimResult::Duplicate(StoredResult::from_row(row, status)?)
+        }
         KeyStatus::Unknown if lease_until.is_none() => ClaimResult::HeldUnknown {
             attempts: row.try_get("attempts")?,
         },

@@ -1,3 +1,6 @@
+//! The connection pool behind [`Store`]: built lazily, sized for batched
+//! statements, and failing fast while PostgreSQL is down.
+
 use super::StoreError;
 use crate::config::{check_schema_name, StoreSettings};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -15,7 +18,7 @@ impl Store {
     /// (and report not-ready) while PostgreSQL is still down.
     pub fn connect_lazy(settings: &StoreSettings) -> Result<Self, StoreError> {
         let mut options = PgConnectOptions::from_str(settings.url.expose())
-            .map_err(StoreError::Query)?
+            .map_err(StoreError::Url)?
             .application_name("dedupq");
         if let Some(schema) = &settings.schema {
             // Checked here too, for callers that skip the configuration's
@@ -43,10 +46,14 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// A store over a pool built elsewhere, taken as it is (none of the
+    /// settings `connect_lazy` applies).
     pub fn from_pool(pool: PgPool) -> Self {
         Self { pool }
     }
 
+    /// The pool itself, for statements outside this module (the scenario
+    /// checks, the benchmarks and the tests read the key table directly).
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

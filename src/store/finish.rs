@@ -63,12 +63,21 @@ pub enum Finish {
     /// Nothing happened (a transient failure, or a configuration fault):
     /// give the key up so the next delivery takes over. `refund` gives the
     /// attempt back (a fault says nothing about the payment).
-    Release { error: String, refund: bool },
+    Release {
+        /// Why, kept in `last_error` (without NULs, at most 2 KiB).
+        error: String,
+        /// Gives the attempt back: it does not count towards the limit.
+        refund: bool,
+    },
     /// The call may or may not have had its effect: retry with the same
     /// request. `hold`: no more attempts; wait for an operator.
     Unknown {
+        /// Why, kept in `last_error` (without NULs, at most 2 KiB).
         error: String,
+        /// No attempts left: the key keeps no lease, so no claim takes it
+        /// over until an operator settles or releases it.
         hold: bool,
+        /// Gives the attempt back: it does not count towards the limit.
         refund: bool,
     },
 }
@@ -76,8 +85,11 @@ pub enum Finish {
 /// A stored answer: status and body byte for byte.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
+    /// The answer's status code (the provider's HTTP status for `http`).
     pub status: i32,
+    /// The body, byte for byte.
     pub body: Vec<u8>,
+    /// Its media type, if any (stored without NULs, at most 255 bytes).
     pub content_type: Option<String>,
 }
 
@@ -145,9 +157,14 @@ impl Finish {
     }
 }
 
+/// One write of a finish batch: a claim's end, fenced by its epoch.
 pub struct FinishWrite<'a> {
+    /// The key whose claim ends.
     pub identity: &'a Identity,
+    /// The epoch the claim returned: the write lands only while the row
+    /// still has it.
     pub epoch: Epoch,
+    /// How the claim ends.
     pub finish: Finish,
 }
 

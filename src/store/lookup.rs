@@ -12,8 +12,11 @@ const LOOKUP_SQL: &str = "SELECT status, fingerprint, fingerprint_version, resul
 /// A key row as a repeat of its request needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyState {
+    /// Where the key is in its life.
     pub status: KeyStatus,
+    /// The fingerprint version the row was stored under.
     pub fingerprint_version: i16,
+    /// The stored fingerprint's digest, under that version.
     pub digest: Vec<u8>,
     /// Set once the key is done or failed.
     pub result: Option<StoredResult>,
@@ -44,16 +47,7 @@ impl Store {
         };
         let status = KeyStatus::parse(row.try_get("status")?)?;
         let result = match status {
-            KeyStatus::Done | KeyStatus::Failed => Some(StoredResult {
-                status,
-                result_status: row
-                    .try_get::<Option<i32>, _>("result_status")?
-                    .unwrap_or_default(),
-                body: row
-                    .try_get::<Option<Vec<u8>>, _>("result_body")?
-                    .unwrap_or_default(),
-                content_type: row.try_get("result_content_type")?,
-            }),
+            KeyStatus::Done | KeyStatus::Failed => Some(StoredResult::from_row(&row, status)?),
             KeyStatus::InProgress | KeyStatus::Unknown => None,
         };
         Ok(Some(KeyState {

@@ -29,13 +29,26 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyStatus {
+    /// A worker holds the key under a lease. A message arriving while the
+    /// lease is live is in flight and does not run; once the lease is over
+    /// (or released), a message of the same operation takes the key over
+    /// under the next epoch.
     InProgress,
+    /// The handler succeeded and its answer is stored: a message of the same
+    /// operation is a duplicate and gets that answer replayed, never run.
     Done,
+    /// The handler failed for good and its answer is stored: replayed to
+    /// duplicates like `Done`, never run again on its own.
     Failed,
+    /// An attempt may or may not have had its effect. While its lease is
+    /// live the key is held; after it, the next message retries with the
+    /// stored request (same bytes, same derived key). With no lease at all
+    /// the key is held for an operator and duplicates are answered unknown.
     Unknown,
 }
 
 impl KeyStatus {
+    /// Every status a key row can have (the table's CHECK constraint).
     pub const ALL: [KeyStatus; 4] = [
         KeyStatus::InProgress,
         KeyStatus::Done,
@@ -43,6 +56,7 @@ impl KeyStatus {
         KeyStatus::Unknown,
     ];
 
+    /// The value of the `status` column (and of the `status` label).
     pub fn as_str(self) -> &'static str {
         match self {
             KeyStatus::InProgress => "in_progress",
@@ -52,6 +66,8 @@ impl KeyStatus {
         }
     }
 
+    /// Reads the `status` column; any other text is a row dedupq did not
+    /// write ([`StoreError::Corrupt`]).
     pub fn parse(s: &str) -> Result<Self, StoreError> {
         Ok(match s {
             "in_progress" => KeyStatus::InProgress,

@@ -11,13 +11,16 @@ use sqlx::{Postgres, Transaction};
 /// What `release` found.
 #[derive(Debug)]
 pub enum Released {
+    /// The lease is over and the audit line written; the row as it was.
     Done(Box<KeyRow>),
     /// Absent, done or failed: nothing to release.
     NotOpen,
     /// A worker holds a live lease: releasing now would let a second
     /// execution start while the first may still act.
     LeaseLive {
+        /// When the live lease ends.
         until: DateTime<Utc>,
+        /// The process holding it.
         owner: String,
     },
 }
@@ -26,15 +29,27 @@ pub enum Released {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Settlement {
     /// It charged: `body` (what the provider says) is stored and replayed.
-    Done { status: i32, body: Vec<u8> },
+    Done {
+        /// The status code duplicates are answered with.
+        status: i32,
+        /// The provider's answer, stored as `application/json`.
+        body: Vec<u8>,
+    },
     /// It did not charge, for good.
-    Failed { status: i32, body: Vec<u8> },
+    Failed {
+        /// The status code duplicates are answered with.
+        status: i32,
+        /// The provider's answer, stored as `application/json`.
+        body: Vec<u8>,
+    },
 }
 
 /// What `settle` and `reset` found.
 #[derive(Debug)]
 pub enum Repaired {
+    /// Applied and the audit line written; the row as it was.
     Done(Box<KeyRow>),
+    /// No such key: never claimed, or purged.
     Absent,
     /// The key is not in a state this repair applies to.
     Refused(Box<KeyRow>),

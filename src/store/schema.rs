@@ -21,7 +21,9 @@ const PERMISSION_DENIED: &str = "42501";
 /// A migration this build carries that the database has not applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pending {
+    /// The migration's number (`0003` of `0003_hot_finishes.sql`).
     pub version: i64,
+    /// The rest of its file name, in words (`hot finishes`).
     pub description: String,
 }
 

@@ -34,6 +34,7 @@ UPDATE dedupq_keys SET
 WHERE tenant = $1 AND key = $2 AND status = 'in_progress'
 "#;
 
+/// What a same-database claim found.
 pub enum TxClaim {
     /// The key is ours inside this open transaction.
     Owned(Transaction<'static, Postgres>),
@@ -42,6 +43,11 @@ pub enum TxClaim {
 }
 
 impl Store {
+    /// Inserts the key in a new transaction. If the insert wins, the key is
+    /// owned with that transaction: the handler's writes and the result
+    /// commit or roll back together. If the key exists, the row is read
+    /// (after a concurrent inserter has committed) and classified as a batch
+    /// claim would (`Contended` if it is gone again).
     pub async fn claim_in_transaction(
         &self,
         request: &ClaimRequest<'_>,

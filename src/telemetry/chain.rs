@@ -8,6 +8,7 @@ use std::fmt;
 /// refused") and not only what failed. Log with `error = %chain(&e)`.
 pub struct Chain<'a>(&'a (dyn Error + 'static));
 
+/// Wraps `error` to display it with its causes.
 pub fn chain<'a>(error: &'a (dyn Error + 'static)) -> Chain<'a> {
     Chain(error)
 }

@@ -12,10 +12,16 @@ use std::time::Duration;
 /// Why the exporter could not be built; start-up stops naming the setting.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
+    /// The OTLP exporter could not be built for `telemetry.endpoint`.
     #[error("invalid setting `telemetry.endpoint`: the OTLP exporter refused it")]
     Exporter(#[source] opentelemetry_otlp::ExporterBuildError),
-    #[error("invalid setting `telemetry.protocol`: building the HTTP client failed")]
+    /// The HTTP client for OTLP/HTTP could not be built.
+    #[error(
+        "the HTTP client for OTLP export (`telemetry.protocol = \"http\"`) could not be built"
+    )]
     Client(#[source] reqwest::Error),
+    /// OTLP/HTTP was set up outside a Tokio runtime, which its exports run
+    /// on.
     #[error("`[telemetry]` needs a Tokio runtime to export from")]
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }

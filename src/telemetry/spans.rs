@@ -32,6 +32,8 @@ pub struct BatchTrace {
 }
 
 impl BatchTrace {
+    /// Opens the batch span and one span per message, parented and linked
+    /// as the module documentation says (all disabled when tracing is off).
     pub fn open(batch: &[Incoming]) -> Self {
         let transport = batch.first().map_or("none", |m| transport_label(&m.source));
         let span = tracing::info_span!(target: TARGET, parent: None, "dedupq.batch",
@@ -80,10 +82,12 @@ impl BatchTrace {
         }
     }
 
+    /// The batch span.
     pub fn span(&self) -> &Span {
         &self.batch
     }
 
+    /// The span of the message at `index` of the batch.
     pub fn message(&self, index: usize) -> &Span {
         &self.messages[index]
     }

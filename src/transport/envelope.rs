@@ -11,37 +11,47 @@ use serde_json::value::RawValue;
 
 /// Every header name dedupq writes, on both transports.
 pub mod header {
-    /// Dead letters: low-cardinality reason label, and human detail.
+    /// Dead letters: the low-cardinality reason label (`conflict`,
+    /// `exhausted_retries`, …).
     pub const REASON: &str = "dedupq-reason";
+    /// Dead letters: what happened, for a person (at most 1 KiB).
     pub const DETAIL: &str = "dedupq-detail";
     /// The outcome label (`processed`, `duplicate`, `conflict`, …).
     pub const OUTCOME: &str = "dedupq-outcome";
+    /// The message's tenant, when it was parsed that far.
     pub const TENANT: &str = "dedupq-tenant";
+    /// The message's idempotency key, when it was parsed that far.
     pub const KEY: &str = "dedupq-key";
     /// `v<version>:<hex>`.
     pub const FINGERPRINT: &str = "dedupq-fingerprint";
     /// RFC 3339 time dedupq first received the message.
     pub const FIRST_SEEN: &str = "dedupq-first-seen";
+    /// Kafka dead letters: the topic the message came from.
     pub const SOURCE_TOPIC: &str = "dedupq-source-topic";
+    /// Kafka dead letters: its partition.
     pub const SOURCE_PARTITION: &str = "dedupq-source-partition";
+    /// Kafka dead letters: its offset.
     pub const SOURCE_OFFSET: &str = "dedupq-source-offset";
+    /// RabbitMQ dead letters: the queue the message came from.
     pub const SOURCE_QUEUE: &str = "dedupq-source-queue";
+    /// RabbitMQ dead letters: the delivery tag it had on its channel.
     pub const DELIVERY_TAG: &str = "dedupq-delivery-tag";
     /// Trips through the delay queue so far (RabbitMQ).
     pub const TRIPS: &str = "dedupq-trips";
     /// The producer's `user_id` property, which the broker would refuse on
     /// a republish under dedupq's own user (RabbitMQ).
     pub const USER_ID: &str = "dedupq-user-id";
-    /// A dead letter whose payload did not fit: its length and SHA-256; the
+    /// A dead letter whose payload did not fit: its length in bytes; the
     /// payload is left out (find it at the source coordinates).
     pub const PAYLOAD_OMITTED: &str = "dedupq-payload-omitted";
+    /// The left-out payload's SHA-256, in hex.
     pub const PAYLOAD_SHA256: &str = "dedupq-payload-sha256";
     /// A dead letter whose original headers did not fit: how many were
     /// left out.
     pub const HEADERS_OMITTED: &str = "dedupq-headers-omitted";
-    /// Replies: the key's status (`done`, `failed`, `unknown`) and the
-    /// handler's status code.
+    /// Replies: the key's status (`done`, `failed`, `unknown`).
     pub const STATUS: &str = "dedupq-status";
+    /// Replies: the status code of the stored result.
     pub const RESULT_STATUS: &str = "dedupq-result-status";
 
     /// Every name above: diagnostic headers a replay strips again.
@@ -73,18 +83,28 @@ const MAX_DETAIL: usize = 1024;
 
 /// Where a message came from, for its dead letter.
 pub enum Origin<'a> {
+    /// A Kafka record.
     Kafka {
+        /// The source topic.
         topic: &'a str,
+        /// The record's partition.
         partition: i32,
+        /// The record's offset.
         offset: i64,
     },
+    /// A RabbitMQ delivery.
     Amqp {
+        /// The queue it was consumed from.
         queue: &'a str,
+        /// Its delivery tag on the consuming channel.
         delivery_tag: u64,
+        /// Trips through the delay queue so far.
         trips: u32,
     },
 }
 
+/// dedupq's own headers as name and text value, before a transport encodes
+/// them.
 pub type Headers = Vec<(&'static str, String)>;
 
 /// Headers that say who a decision is about.
@@ -197,11 +217,19 @@ pub fn reply_payload(decision: &Decision, result: &StoredResult) -> Vec<u8> {
 /// past the limit (its length and SHA-256 recorded instead), and then the
 /// original headers, last first. dedupq's own headers always stay.
 pub struct Fitted<H> {
+    /// The payload, or nothing when it did not fit.
     pub payload: Vec<u8>,
+    /// The original headers kept, in their order.
     pub original_headers: Vec<H>,
+    /// Headers saying what was left out (`dedupq-payload-omitted`,
+    /// `dedupq-payload-sha256`, `dedupq-headers-omitted`); empty when
+    /// everything fit.
     pub extra: Headers,
 }
 
+/// Fits a dead letter into `max` bytes (see [`Fitted`]). `own` are
+/// dedupq's headers, counted but never cut; `size_of` is what one
+/// original header costs on the transport.
 pub fn fit<H>(
     payload: &[u8],
     own: &Headers,
@@ -249,6 +277,7 @@ where
     }
 }
 
+/// A time as dedupq writes it in headers: RFC 3339, UTC, milliseconds.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }

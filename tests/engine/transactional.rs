@@ -1,13 +1,16 @@
 use crate::support;
 use async_trait::async_trait;
 use dedupq::config::IdentitySettings;
-use dedupq::engine::{Outcome, Parser, TransactionalEngine, TransactionalHandler, TxFailure};
+use dedupq::engine::{
+    Action, DeadLetterReason, Outcome, Parser, TransactionalEngine, TransactionalHandler, TxFailure,
+};
 use dedupq::handler::{HandlerCall, HandlerResult};
 use dedupq::metrics::Metrics;
 use dedupq::store::{KeyStatus, Store};
 use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Writes an order row in the claim's own transaction.
 struct PlaceOrder;
@@ -122,4 +125,88 @@ async fn a_permanent_failure_rolls_back_the_work_but_stores_the_failure() {
         engine.process(&[msg]).await.unwrap()[0].outcome,
         Outcome::Duplicate
     );
+}
+
+/// Writes an order, then fails (transiently) or hangs as its body says.
+struct Flaky;
+
+#[async_trait]
+impl TransactionalHandler for Flaky {
+    async fn handle(
+        &self,
+        conn: &mut PgConnection,
+        call: &HandlerCall<'_>,
+    ) -> Result<HandlerResult, TxFailure> {
+        sqlx::query("INSERT INTO orders (tenant, key, amount) VALUES ($1, $2, 1)")
+            .bind(call.identity.tenant.as_str())
+            .bind(call.identity.key.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| TxFailure::Transient(e.to_string()))?;
+        if call.request.body == b"{\"hang\": true}" {
+            sqlx::query("SELECT pg_sleep(30)")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| TxFailure::Transient(e.to_string()))?;
+        }
+        Err(TxFailure::Transient(format!(
+            "ledger busy on attempt {}",
+            call.attempt
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_up_to_max_attempts_then_dead_lettered_with_the_key_free() {
+    let (store, _) = setup().await;
+    let options = dedupq::engine::EngineOptions {
+        max_attempts: 3,
+        handler_timeout: Duration::from_millis(500),
+        ..support::fast_options()
+    };
+    let engine = TransactionalEngine::new(
+        store.clone(),
+        Arc::new(Flaky),
+        Parser::new(&IdentitySettings::default()),
+        options,
+        Metrics::new(),
+    );
+    for body in [r#"{"fail": true}"#, r#"{"hang": true}"#] {
+        let key = format!("order-{}", body.len());
+        let mut msg = support::message("acme", &key, body);
+        for retries in 0..2 {
+            msg.retries = retries;
+            let started = std::time::Instant::now();
+            let d = engine.process(std::slice::from_ref(&msg)).await.unwrap();
+            assert_eq!(
+                d[0].outcome,
+                Outcome::Retried,
+                "{body}, attempt {}",
+                retries + 1
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "a hanging handler is abandoned at handler.timeout"
+            );
+        }
+        msg.retries = 2;
+        let d = engine.process(std::slice::from_ref(&msg)).await.unwrap();
+        assert_eq!(d[0].outcome, Outcome::Failed, "{body}");
+        match &d[0].action {
+            Action::DeadLetter { reason, detail } => {
+                assert_eq!(*reason, DeadLetterReason::ExhaustedRetries);
+                assert!(detail.starts_with("3 attempts failed"), "{detail}");
+            }
+            other => panic!("the last attempt is dead-lettered, not {other:?}"),
+        }
+        let parsed = Parser::new(&IdentitySettings::default())
+            .parse(&msg)
+            .unwrap();
+        assert!(
+            store.show_key(&parsed.identity).await.unwrap().is_none(),
+            "nothing happened, so nothing is stored: a replay runs the work afresh"
+        );
+    }
+    // The abandoned statements roll back once they end; none commits.
+    assert_eq!(orders(&store).await, 0);
 }

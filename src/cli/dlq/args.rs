@@ -32,7 +32,7 @@ pub struct DlqArgs {
     /// kafka: the DLQ topics of the source topics; amqp: the dead-letter queue.
     #[arg(value_enum)]
     pub transport: Transport,
-    /// Kafka source topic whose DLQ (<topic> + kafka.dlq_suffix) is read;
+    /// Kafka source topic whose DLQ (TOPIC + kafka.dlq_suffix) is read;
     /// repeatable (default: every topic in kafka.topics).
     #[arg(long = "topic")]
     pub topics: Vec<String>,

@@ -22,6 +22,8 @@ const BROKER_HISTORY: [&str; 4] = [
 /// Persistent: survives a broker restart in a durable queue.
 const PERSISTENT: u8 = 2;
 
+/// The `dedupq-trips` count of a delivery (any integer type, or digits as
+/// text); 0 when absent, unreadable or negative.
 pub fn trips(table: Option<&FieldTable>) -> u32 {
     let Some(value) = table.and_then(|t| t.inner().get(TRIPS)) else {
         return 0;
@@ -43,6 +45,8 @@ pub fn trips(table: Option<&FieldTable>) -> u32 {
     n.clamp(0, i64::from(u32::MAX)) as u32
 }
 
+/// The `dedupq-first-seen` time of a delivery, if it carries a readable
+/// one (written on every trip through the delay queue).
 pub fn first_seen(table: Option<&FieldTable>) -> Option<DateTime<Utc>> {
     match table?.inner().get(FIRST_SEEN)? {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
@@ -53,10 +57,12 @@ pub fn first_seen(table: Option<&FieldTable>) -> Option<DateTime<Utc>> {
     }
 }
 
+/// A header value as AMQP text (a long string).
 pub fn text(value: impl Into<Vec<u8>>) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
+/// A header value as an AMQP signed 64-bit integer.
 pub fn int(value: i64) -> AMQPValue {
     AMQPValue::LongLongInt(value)
 }

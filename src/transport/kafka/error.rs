@@ -1,17 +1,29 @@
 //! What can stop the Kafka transport. Everything else (broker outages,
 //! store outages, bad messages) is paused through or dead-lettered.
 
+/// Why the Kafka transport cannot start or go on; each one stops dedupq.
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
+    /// A `[kafka]` setting is unusable, or the cluster does not fit it: a
+    /// dead-letter or reply topic is missing while `kafka.create_topics`
+    /// is off, creating one failed, or a source topic's configuration
+    /// cannot be read. Found at start-up.
     #[error("invalid setting `kafka.{setting}`: {problem}")]
     Config {
+        /// The setting's name under `kafka.`.
         setting: &'static str,
+        /// What is wrong, and how to fix it.
         problem: String,
     },
+    /// librdkafka refused the client configuration (consumer, producer or
+    /// admin client).
     #[error("creating the Kafka client failed")]
     Client(#[source] rdkafka::error::KafkaError),
+    /// A start-up request to the cluster failed: reading topic metadata
+    /// or configuration, or creating the produced topics.
     #[error("a Kafka admin request failed")]
     Admin(#[source] rdkafka::error::KafkaError),
+    /// The consumer could not subscribe to `kafka.topics`.
     #[error("subscribing to the Kafka topics failed")]
     Subscribe(#[source] rdkafka::error::KafkaError),
     /// A batch task died; its partitions cannot be tracked any more, so the
@@ -23,14 +35,25 @@ pub enum KafkaError {
 /// Why a dead-letter or reply record could not be confirmed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProduceError {
+    /// The broker did not confirm the record. A dead letter is retried
+    /// with backoff until confirmed, so this reaches the caller for a
+    /// reply (given up after a few tries and counted; the outcome stays
+    /// stored).
     #[error("producing to {topic} failed")]
     Delivery {
+        /// The topic produced to.
         topic: String,
         /// The broker will refuse it again (too large, no such topic).
         permanent: bool,
+        /// What librdkafka said.
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    /// Shutdown came first. The source offset of a dead letter is not
+    /// committed, so its message is consumed again after the restart.
     #[error("shutting down before {topic} confirmed the record")]
-    Shutdown { topic: String },
+    Shutdown {
+        /// The topic produced to.
+        topic: String,
+    },
 }
