@@ -119,8 +119,8 @@ impl Store {
         sqlx::query(
             "UPDATE dedupq_keys SET status = $3, result_status = $4, result_body = $5, \
              result_content_type = 'application/json', lease_until = NULL, \
-             attempt_open = false, completed_at = now(), updated_at = now() \
-             WHERE tenant = $1 AND key = $2",
+             attempt_open = false, uncertain_since = NULL, completed_at = now(), \
+             updated_at = now() WHERE tenant = $1 AND key = $2",
         )
         .bind(id.tenant.as_str())
         .bind(id.key.as_str())

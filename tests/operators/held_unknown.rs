@@ -129,6 +129,16 @@ async fn a_held_unknown_key_is_answered_unknown_until_an_operator_settles_or_rel
         &[],
     );
     assert_eq!(settled.code, 0, "{}", settled.stderr);
+    let uncertain: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT uncertain_since FROM dedupq_keys WHERE tenant = 'acme' AND key = 'held-1'",
+    )
+    .fetch_one(pipeline.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        uncertain, None,
+        "a settled key leaves the index of uncertain keys"
+    );
     pipeline.send("held-1", BODY_1, &[]).await;
     let r = reply(&pipeline.replies(4).await[3]);
     assert_eq!(
