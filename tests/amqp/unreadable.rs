@@ -118,18 +118,20 @@ async fn poison_amid_payments(
     client.publish(&queue, &payment(KEYS[3], 4)).await;
     client.publish(&queue, &payment(KEYS[4], 5)).await;
     let dlq = settings.dead_letter_queue.clone();
-    eventually(
-        Duration::from_secs(60),
-        "every message charged or dead-lettered",
-        || {
-            let (client, dlq) = (&client, &dlq);
-            async move {
-                let ended = provider.stats().await.charges + i64::from(client.ready(dlq).await);
-                (ended >= 7).then_some(())
-            }
-        },
-    )
-    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (charges, dead) = (provider.stats().await.charges, client.ready(&dlq).await);
+        if charges + i64::from(dead) >= 7 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 60 s only {charges} charged and {dead} dead-lettered of 7 ({} ready in the work queue):\n{}",
+            client.ready(&queue).await,
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let took = started.elapsed();
     let dead_letters = take_all(&dlq).await;
     let mut dead: Vec<_> = dead_letters
@@ -288,5 +290,45 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
     })
     .await;
     stops_within_the_drain_bound(&mut dedupq).await;
+    client.cleanup(&settings).await;
+}
+
+/// After a failed session dedupq consumes one delivery at a time, then
+/// cancels that consumer and consumes with the normal prefetch again. The
+/// broker pushes the next delivery to the cautious consumer as soon as the
+/// last one is acked, and a cancel does not give it back: unless dedupq
+/// handles what the cancelled consumer holds, that payment waits, unacked,
+/// until the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
+    let provider = Provider::start(Knobs::default()).await;
+    let settings = limited(1);
+    let queue = settings.queues[0].clone();
+    let dedupq = start(&settings, &provider).await;
+    let client = Client::connect().await;
+    publish_poison(&queue, &bad_message_id()).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("behind-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        client.publish(&queue, &payment(key, i as u32 + 1)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let charged = provider.stats().await.charges;
+        if charged >= keys.len() as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s only {charged} of {} payments charged ({} ready, the rest stranded):\n{}",
+            keys.len(),
+            client.ready(&queue).await,
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for key in &keys {
+        let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
+        assert_eq!(n, 1, "{key} charged {n} times");
+    }
     client.cleanup(&settings).await;
 }

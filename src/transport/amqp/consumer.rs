@@ -11,15 +11,21 @@ use super::publish::Publisher;
 use crate::backoff;
 use crate::config::AmqpSettings;
 use crate::engine::{Decision, Incoming, Pipeline};
+use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+/// How long the cancelled cautious consumer may take to hand over what it
+/// holds; past it the session is rebuilt (which returns everything).
+const CANCELLED_CONSUMER_END: Duration = Duration::from_secs(5);
 
 pub(super) struct Worker {
     shared: Arc<Shared>,
@@ -94,9 +100,21 @@ impl Worker {
                 && self.shared.acked.load(Ordering::Relaxed) >= settings.cautious_acks as usize
             {
                 while tasks.join_next().await.is_some() {}
-                if let Err(e) = self.leave_caution().await {
-                    record(&failure, e);
-                    break;
+                match self.leave_caution().await {
+                    // Delivered to the cautious consumer before its cancel:
+                    // first in the queue's order, so handled before any
+                    // delivery of the new consumer.
+                    Ok(left) if !left.is_empty() => {
+                        if let Err(e) = self.shared.handle(left, &halt).await {
+                            record(&failure, e);
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        record(&failure, e);
+                        break;
+                    }
                 }
             }
             // Waiting for a permit or for the first delivery takes nothing,
@@ -152,13 +170,43 @@ impl Worker {
     }
 
     /// Enough deliveries went through one at a time: consume with the
-    /// normal prefetch again (a new consumer on the same channel; nothing
-    /// is in hand).
-    async fn leave_caution(&mut self) -> Result<(), AmqpError> {
+    /// normal prefetch again (a new consumer on the same channel). The
+    /// broker may have pushed the next delivery to the cautious consumer
+    /// before its cancel arrived: a cancel does not return it, so it would
+    /// stay unacked on this channel until the channel closes. What the old
+    /// consumer still holds is returned here, for the caller to handle.
+    async fn leave_caution(&mut self) -> Result<Vec<Delivery>, AmqpError> {
         self.channel
             .basic_cancel(self.consumer.tag(), BasicCancelOptions { nowait: false })
             .await
             .map_err(AmqpError::channel("basic.cancel"))?;
+        let mut left = Vec::new();
+        let queue = || self.shared.queue.clone();
+        // The cancel-ok ends the old consumer's stream after what it holds.
+        let ended = tokio::time::timeout(CANCELLED_CONSUMER_END, async {
+            while let Some(next) = self.consumer.next().await {
+                left.push(next?);
+            }
+            Ok(())
+        })
+        .await;
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                let queue = queue();
+                return Err(AmqpError::ConsumerEnded {
+                    queue,
+                    source: Some(source),
+                });
+            }
+            Err(_) => {
+                let queue = queue();
+                return Err(AmqpError::ConsumerEnded {
+                    queue,
+                    source: None,
+                });
+            }
+        }
         self.consumer = consume(
             &self.channel,
             &self.shared.queue,
@@ -166,8 +214,9 @@ impl Worker {
         )
         .await?;
         self.cautious = false;
-        tracing::info!(queue = %self.shared.queue, prefetch = self.shared.settings.prefetch, "consuming with the normal prefetch again");
-        Ok(())
+        tracing::info!(queue = %self.shared.queue, prefetch = self.shared.settings.prefetch,
+            held = left.len(), "consuming with the normal prefetch again");
+        Ok(left)
     }
 }
 
