@@ -52,6 +52,9 @@ async fn pg_settings(database_url: &str) -> String {
         "synchronous_commit",
         "fsync",
         "shared_buffers",
+        "max_wal_size",
+        "checkpoint_timeout",
+        "wal_compression",
     ] {
         let sql = format!("SHOW {name}");
         if let Ok(v) = sqlx::query_scalar::<_, String>(&sql).fetch_one(&pool).await {
