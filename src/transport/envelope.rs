@@ -82,7 +82,7 @@ pub mod header {
 const MAX_DETAIL: usize = 1024;
 
 /// Where a message came from, for its dead letter.
-pub enum Origin<'a> {
+pub(crate) enum Origin<'a> {
     /// A Kafka record.
     Kafka {
         /// The source topic.
@@ -105,7 +105,7 @@ pub enum Origin<'a> {
 
 /// dedupq's own headers as name and text value, before a transport encodes
 /// them.
-pub type Headers = Vec<(&'static str, String)>;
+pub(crate) type Headers = Vec<(&'static str, String)>;
 
 /// Headers that say who a decision is about.
 fn identity_headers(decision: &Decision, out: &mut Headers) {
@@ -117,7 +117,7 @@ fn identity_headers(decision: &Decision, out: &mut Headers) {
 }
 
 /// The headers of a dead letter: why, what, and where it came from.
-pub fn dead_letter_headers(
+pub(crate) fn dead_letter_headers(
     decision: &Decision,
     reason: &DeadLetterReason,
     detail: &str,
@@ -157,7 +157,7 @@ pub fn dead_letter_headers(
 }
 
 /// The headers of a reply.
-pub fn reply_headers(decision: &Decision, result: &StoredResult) -> Headers {
+pub(crate) fn reply_headers(decision: &Decision, result: &StoredResult) -> Headers {
     let mut h = Vec::with_capacity(5);
     identity_headers(decision, &mut h);
     h.push((header::STATUS, result.status.as_str().into()));
@@ -186,7 +186,7 @@ struct Envelope<'a> {
 /// `{"tenant", "key", "outcome", "status", "result_status", "content_type",
 /// "body"}` with the stored answer verbatim in `body` when it is JSON, and
 /// in `body_base64` otherwise.
-pub fn reply_payload(decision: &Decision, result: &StoredResult) -> Vec<u8> {
+pub(crate) fn reply_payload(decision: &Decision, result: &StoredResult) -> Vec<u8> {
     let (tenant, key) = decision
         .identity
         .as_ref()
@@ -216,7 +216,7 @@ pub fn reply_payload(decision: &Decision, result: &StoredResult) -> Vec<u8> {
 /// A payload and headers cut to fit `max` bytes: the payload is left out
 /// past the limit (its length and SHA-256 recorded instead), and then the
 /// original headers, last first. dedupq's own headers always stay.
-pub struct Fitted<H> {
+pub(crate) struct Fitted<H> {
     /// The payload, or nothing when it did not fit.
     pub payload: Vec<u8>,
     /// The original headers kept, in their order.
@@ -230,7 +230,7 @@ pub struct Fitted<H> {
 /// Fits a dead letter into `max` bytes (see [`Fitted`]). `own` are
 /// dedupq's headers, counted but never cut; `size_of` is what one
 /// original header costs on the transport.
-pub fn fit<H>(
+pub(crate) fn fit<H>(
     payload: &[u8],
     own: &Headers,
     original: &[H],
@@ -278,7 +278,7 @@ where
 }
 
 /// A time as dedupq writes it in headers: RFC 3339, UTC, milliseconds.
-pub fn rfc3339(t: DateTime<Utc>) -> String {
+pub(crate) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 

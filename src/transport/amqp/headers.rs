@@ -62,11 +62,6 @@ pub fn text(value: impl Into<Vec<u8>>) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
-/// A header value as an AMQP signed 64-bit integer.
-pub fn int(value: i64) -> AMQPValue {
-    AMQPValue::LongLongInt(value)
-}
-
 /// The original properties for a republish (delay queue or dead letter):
 /// everything kept except `expiration` and `user_id`, plus `extra` headers.
 pub fn republished(
@@ -153,7 +148,7 @@ mod tests {
         let mut t = FieldTable::default();
         t.insert(TRIPS.into(), AMQPValue::Boolean(true));
         assert_eq!(trips(Some(&t)), 0);
-        t.insert(TRIPS.into(), int(-5));
+        t.insert(TRIPS.into(), AMQPValue::LongLongInt(-5));
         assert_eq!(trips(Some(&t)), 0);
     }
 }

@@ -8,7 +8,7 @@ mod connection;
 mod consumer;
 mod delivery;
 mod error;
-pub mod headers;
+pub(crate) mod headers;
 mod progress;
 mod publish;
 mod runner;
