@@ -14,11 +14,13 @@ use crate::metrics::Metrics;
 use crate::store::{
     ClaimRequest, ClaimResult, KeyStatus, Store, StoreError, StoredResult, TxClaim,
 };
+use crate::telemetry::spans::{self, BatchTrace};
 use async_trait::async_trait;
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
 use sqlx::{Executor, PgConnection};
 use std::sync::Arc;
+use tracing::{Instrument, Span};
 
 /// Why a transactional handler did not succeed.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,18 +129,31 @@ impl TransactionalEngine {
     }
 
     /// One transaction per message, up to `concurrency` at once.
+    /// Spans as the leased engine makes them: `dedupq.batch`, one
+    /// `dedupq.message` per message continued from its `traceparent`, and
+    /// `dedupq.handler` around each handler call.
     pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
-        let runs: Vec<_> = batch.iter().map(|msg| self.process_one(msg)).collect();
+        let trace = BatchTrace::open(batch);
+        let runs: Vec<_> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, msg)| {
+                let span = trace.message(i).clone();
+                self.process_one(msg, span.clone()).instrument(span)
+            })
+            .collect();
         let decisions: Vec<Result<Decision, StoreError>> = stream::iter(runs)
             .buffered(self.options.concurrency)
             .collect()
+            .instrument(trace.span().clone())
             .await;
         let decisions: Vec<Decision> = decisions
             .into_iter()
             .zip(batch)
             .map(|(d, msg)| d.map(|d| limit_retries(msg, d)))
             .collect::<Result<_, _>>()?;
-        for (msg, d) in batch.iter().zip(&decisions) {
+        for (i, (msg, d)) in batch.iter().zip(&decisions).enumerate() {
+            trace.decided(i, d);
             self.metrics
                 .messages
                 .with_label_values(&[transport_label(&msg.source), d.outcome.label()])
@@ -147,7 +162,7 @@ impl TransactionalEngine {
         Ok(decisions)
     }
 
-    async fn process_one(&self, msg: &Incoming) -> Result<Decision, StoreError> {
+    async fn process_one(&self, msg: &Incoming, span: Span) -> Result<Decision, StoreError> {
         let parsed = match self.parser.parse(msg) {
             Ok(p) => p,
             Err(reason) => return Ok(Decision::invalid(reason)),
@@ -230,8 +245,12 @@ impl TransactionalEngine {
         );
         let conn: &mut PgConnection = &mut tx;
         conn.execute(sqlx::raw_sql(&limit)).await?;
-        let Ok(ran) = tokio::time::timeout(timeout, self.handler.handle(&mut tx, &call)).await
+        let handler_span = spans::handler(&span, attempt, crate::identity::Epoch(1));
+        let call_handler = self.handler.handle(&mut tx, &call);
+        let Ok(ran) =
+            tokio::time::timeout(timeout, call_handler.instrument(handler_span.clone())).await
         else {
+            spans::handled(&handler_span, "transient", false);
             // The connection may still be running the handler's statement:
             // dropping the transaction rolls it back once that ends, without
             // waiting for it here.
@@ -242,6 +261,12 @@ impl TransactionalEngine {
             );
             return Ok(self.not_done(&parsed.identity, attempt, error, decided));
         };
+        let label = match &ran {
+            Ok(_) => ("success", true),
+            Err(TxFailure::Permanent(_)) => ("permanent", true),
+            Err(TxFailure::Transient(_)) => ("transient", false),
+        };
+        spans::handled(&handler_span, label.0, label.1);
         let (outcome, reply) = match ran {
             Ok(r) => (Outcome::Processed, stored(KeyStatus::Done, r)),
             Err(TxFailure::Permanent(r)) => {

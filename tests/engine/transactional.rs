@@ -210,3 +210,62 @@ async fn a_transient_failure_is_retried_up_to_max_attempts_then_dead_lettered_wi
     // The abandoned statements roll back once they end; none commits.
     assert_eq!(orders(&store).await, 0);
 }
+
+/// Every span opened, with its parent's name.
+#[derive(Clone, Default)]
+struct OpenedSpans(Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+
+impl<S> tracing_subscriber::Layer<S> for OpenedSpans
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let span = ctx.span(id).expect("a new span is registered");
+        let parent = span.parent().map(|p| p.name().to_string());
+        self.0
+            .lock()
+            .unwrap()
+            .push((span.name().to_string(), parent));
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn same_database_mode_makes_the_batch_message_and_handler_spans() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let (store, engine) = setup().await;
+    let opened = OpenedSpans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(opened.clone()));
+
+    let d = engine
+        .process(&[support::message("acme", "order-t", r#"{"amount": 5}"#)])
+        .await
+        .unwrap();
+
+    assert_eq!(d[0].outcome, Outcome::Processed);
+    assert_eq!(orders(&store).await, 1);
+    let spans = opened.0.lock().unwrap().clone();
+    let named = |name: &str| spans.iter().filter(|(n, _)| n == name).collect::<Vec<_>>();
+    assert_eq!(named("dedupq.batch").len(), 1, "{spans:?}");
+    assert_eq!(
+        named("dedupq.message"),
+        [&(
+            "dedupq.message".to_string(),
+            Some("dedupq.batch".to_string())
+        )],
+        "{spans:?}"
+    );
+    assert_eq!(
+        named("dedupq.handler"),
+        [&(
+            "dedupq.handler".to_string(),
+            Some("dedupq.message".to_string())
+        )],
+        "{spans:?}"
+    );
+}
