@@ -211,9 +211,12 @@ async fn a_transient_failure_is_retried_up_to_max_attempts_then_dead_lettered_wi
     assert_eq!(orders(&store).await, 0);
 }
 
+/// A span's name and its parent's.
+type Opened = (String, Option<String>);
+
 /// Every span opened, with its parent's name.
 #[derive(Clone, Default)]
-struct OpenedSpans(Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>);
+struct OpenedSpans(Arc<std::sync::Mutex<Vec<Opened>>>);
 
 impl<S> tracing_subscriber::Layer<S> for OpenedSpans
 where
