@@ -13,6 +13,25 @@ pub fn body(n: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Produces the payments `k{n}` for every `n` in `keys` to partition 0 of
+/// `topic`, one after another, each with [`body`]`(n)`.
+pub async fn produce_payments(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    keys: std::ops::Range<usize>,
+) {
+    for k in keys {
+        crate::support::kafka::produce(
+            producer,
+            topic,
+            0,
+            &crate::support::kafka::headers(TENANT, &format!("k{k}")),
+            &body(k),
+        )
+        .await;
+    }
+}
+
 /// Final decisions of one outcome label counted by an engine.
 pub fn outcomes(engine: &Engine, outcome: &str) -> u64 {
     engine

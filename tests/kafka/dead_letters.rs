@@ -1,4 +1,4 @@
-use crate::common::{body, TENANT};
+use crate::common::{body, produce_payments, TENANT};
 use crate::support::handlers::Recording;
 use crate::support::kafka::{self, header_str, headers, produce, Running};
 use crate::support::{engine, fast_options, isolated_store, unique};
@@ -15,29 +15,11 @@ async fn a_non_json_message_in_the_middle_of_a_partition_is_dead_lettered_and_th
     let group = unique("g");
     let handler = Arc::new(Recording::default());
     let producer = kafka::producer();
-    for k in 0..5 {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("k{k}")),
-            &body(k),
-        )
-        .await;
-    }
+    produce_payments(&producer, &topic, 0..5).await;
     let mut bad_headers = headers(TENANT, "bad-1");
     bad_headers.push(("trace-id".into(), b"abc".to_vec()));
     let bad_offset = produce(&producer, &topic, 0, &bad_headers, b"amount=12 EUR").await;
-    for k in 5..10 {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("k{k}")),
-            &body(k),
-        )
-        .await;
-    }
+    produce_payments(&producer, &topic, 5..10).await;
 
     let running = Running::start(
         kafka::settings(&topic, &group),

@@ -1,4 +1,4 @@
-use crate::common::{body, effects, outcomes, TENANT};
+use crate::common::{body, effects, outcomes, produce_payments, TENANT};
 use crate::support::handlers::Recording;
 use crate::support::kafka::{self, headers, produce, Running};
 use crate::support::{engine, fast_options, isolated_store, unique};
@@ -97,16 +97,7 @@ async fn consumer_lag_is_reported_before_the_groups_first_commit() {
     let handler = Arc::new(Recording::with_delay(Duration::from_secs(600)));
     let e = engine(&store, handler.clone(), fast_options());
     let producer = kafka::producer();
-    for k in 0..12 {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("k{k}")),
-            &body(k),
-        )
-        .await;
-    }
+    produce_payments(&producer, &topic, 0..12).await;
     let mut settings = kafka::settings(&topic, &group);
     settings.stats_interval = Duration::from_millis(300);
     settings.drain_timeout = Duration::from_millis(500);

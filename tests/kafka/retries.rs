@@ -1,4 +1,4 @@
-use crate::common::{body, TENANT};
+use crate::common::{body, produce_payments, TENANT};
 use crate::support::handlers::Recording;
 use crate::support::kafka::{self, headers, produce, Running};
 use crate::support::{engine, eventually, fast_options, isolated_store, unique};
@@ -40,16 +40,7 @@ async fn a_key_held_by_a_live_lease_elsewhere_is_waited_for_and_never_committed_
 
     let producer = kafka::producer();
     produce(&producer, &topic, 0, &headers(TENANT, "held"), &body(0)).await;
-    for k in 1..4 {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("k{k}")),
-            &body(k),
-        )
-        .await;
-    }
+    produce_payments(&producer, &topic, 1..4).await;
     let handler = Arc::new(Recording::default());
     let running = Running::start(
         kafka::settings(&topic, &group),
