@@ -6,14 +6,12 @@
 //! size and connections as (d).
 
 use super::case::{Job, Measured};
-use super::pg_limit::{identities, BATCH};
-use super::stats::{peak_rss_kb, percentiles, usage};
+use super::pg_limit::{identities, measure_batches, BATCH};
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 const TABLE_SQL: &str = r#"
@@ -45,32 +43,16 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
         .into_iter()
         .map(|(id, ..)| (id.tenant.as_str().to_string(), id.key.as_str().to_string()))
         .collect();
-    let keys = Arc::new(keys);
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let workers: Vec<_> = (0..connections)
-        .map(|_| {
-            let (pool, keys, next) = (pool.clone(), keys.clone(), next.clone());
-            tokio::spawn(async move { drive(&pool, &keys, &next).await })
-        })
-        .collect();
-    let mut batch_ms = Vec::new();
-    for w in workers {
-        batch_ms.extend(w.await??);
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let batches = batch_ms.len();
+    let measured = measure_batches(
+        job,
+        connections,
+        pool.clone(),
+        keys,
+        |pool, keys, next| async move { drive(&pool, &keys, &next).await },
+    )
+    .await;
     pool.close().await;
-    Ok(Measured {
-        messages: job.expected,
-        seconds,
-        latency: percentiles(batch_ms),
-        peak_rss_kb: peak_rss_kb(),
-        notes: vec![
-            format!("{batches} batches of {BATCH} over {connections} connection(s); latency = claim+finish of one batch"),
-            usage(),
-        ],
-    })
+    measured
 }
 
 /// A pool on the case's schema, with the claim table created in it.

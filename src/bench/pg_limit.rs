@@ -29,14 +29,38 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
     };
     let store = Store::connect_lazy(&settings)?;
     store.migrate(Some(&job.schema)).await?;
-    let items = Arc::new(identities(job.expected)?);
+    let items = identities(job.expected)?;
+    measure_batches(
+        job,
+        connections,
+        store,
+        items,
+        |store, items, next| async move { drive(&store, &items, &next).await },
+    )
+    .await
+}
+
+/// Runs `drive` on `connections` tasks that take batches of `items`
+/// through one shared cursor, each task with its own clone of `conn`; the
+/// run's rate is the row's msg/s and one batch's round trips its latency.
+pub(super) async fn measure_batches<C, T, F, Fut>(
+    job: &Job,
+    connections: usize,
+    conn: C,
+    items: Vec<T>,
+    drive: F,
+) -> anyhow::Result<Measured>
+where
+    C: Clone + Send + 'static,
+    T: Send + Sync + 'static,
+    F: Fn(C, Arc<Vec<T>>, Arc<AtomicUsize>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Vec<f64>>> + Send + 'static,
+{
+    let items = Arc::new(items);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..connections)
-        .map(|_| {
-            let (store, items, next) = (store.clone(), items.clone(), next.clone());
-            tokio::spawn(async move { drive(&store, &items, &next).await })
-        })
+        .map(|_| tokio::spawn(drive(conn.clone(), items.clone(), next.clone())))
         .collect();
     let mut batch_ms = Vec::new();
     for w in workers {
