@@ -15,9 +15,6 @@ use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, kafka, unique};
 use dedupq::provider::{Charge, Knobs};
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::trace::{Span as _, SpanContext, SpanKind, TraceContextExt, Tracer as _};
@@ -121,46 +118,11 @@ async fn produce(topic: &str, key: &str, extra: Vec<(String, String)>) {
     kafka::produce(&kafka::producer(), topic, 0, &headers, BODY.as_bytes()).await;
 }
 
-/// Publishes straight into `queue` with `headers` as AMQP header-table
-/// text entries, and waits for the broker's confirm.
+/// Publishes into `queue` with `extra` as AMQP header-table text entries,
+/// and waits for the broker's confirm.
 async fn publish(queue: &str, key: &str, extra: Vec<(String, String)>) {
-    let connection = Connection::connect(&amqp::amqp_url(), ConnectionProperties::default())
-        .await
-        .expect("connect to RabbitMQ");
-    let channel = connection.create_channel().await.expect("a channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("publisher confirms");
-    let mut headers = FieldTable::default();
-    let identity = [
-        ("client-id".to_string(), "acme".to_string()),
-        ("idempotency-key".into(), key.into()),
-    ];
-    for (name, value) in identity.into_iter().chain(extra) {
-        headers.insert(
-            name.as_str().into(),
-            AMQPValue::LongString(LongString::from(value.as_str())),
-        );
-    }
-    let confirm = channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            },
-            BODY.as_bytes(),
-            BasicProperties::default()
-                .with_headers(headers)
-                .with_delivery_mode(2),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("publisher confirm");
-    assert!(confirm.is_ack(), "the broker took the message");
+    let msg = amqp::Msg::new("acme", key, BODY).headers(extra);
+    amqp::Client::connect().await.publish(queue, &msg).await;
 }
 
 /// The charge the provider made for `key` (of tenant acme).

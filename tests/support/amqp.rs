@@ -89,6 +89,8 @@ pub struct Msg {
     pub message_id: Option<String>,
     pub reply_to: Option<String>,
     pub correlation_id: Option<String>,
+    /// More header-table text entries, after the identity headers.
+    pub extra_headers: Vec<(String, String)>,
 }
 
 impl Msg {
@@ -99,6 +101,12 @@ impl Msg {
             body: body.as_bytes().to_vec(),
             ..Self::default()
         }
+    }
+
+    /// The message with more header-table text entries.
+    pub fn headers(mut self, extra: Vec<(String, String)>) -> Self {
+        self.extra_headers.extend(extra);
+        self
     }
 
     pub fn reply_to(mut self, queue: &str, correlation_id: &str) -> Self {
@@ -114,6 +122,9 @@ impl Msg {
         }
         if let Some(k) = &self.key {
             headers.insert("idempotency-key".into(), text(k));
+        }
+        for (name, value) in &self.extra_headers {
+            headers.insert(name.as_str().into(), text(value));
         }
         let mut p = BasicProperties::default()
             .with_headers(headers)
