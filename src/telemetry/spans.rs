@@ -203,7 +203,13 @@ mod tests {
             .build();
         let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
         let subscriber = tracing_subscriber::registry().with(layer);
+        // With one registered dispatcher tracing caches whether a call site
+        // is wanted from the default of the thread that reaches it first (a
+        // parallel test without a subscriber); a second live one makes it ask
+        // every registered dispatcher.
+        let _every_dispatcher_asked = tracing::Dispatch::new(tracing_subscriber::registry());
         tracing::subscriber::with_default(subscriber, || {
+            tracing::callsite::rebuild_interest_cache();
             let trace = BatchTrace::open(batch);
             drop(trace);
         });

@@ -244,6 +244,14 @@ async fn same_database_mode_makes_the_batch_message_and_handler_spans() {
     let opened = OpenedSpans::default();
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(opened.clone()));
+    // tracing caches whether a span is wanted per call site. While only one
+    // dispatcher is registered it asks the default of whichever thread first
+    // reaches the site, so a parallel test without a subscriber could have it
+    // cached as unwanted here. With a second live dispatcher tracing asks
+    // every registered one; rebuilding the cache then settles the sites
+    // already reached.
+    let _every_dispatcher_asked = tracing::Dispatch::new(tracing_subscriber::registry());
+    tracing::callsite::rebuild_interest_cache();
 
     let d = engine
         .process(&[support::message("acme", "order-t", r#"{"amount": 5}"#)])
