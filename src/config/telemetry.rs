@@ -3,6 +3,7 @@
 
 use crate::config::{redact_url, ConfigError};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How spans travel to the collector.
@@ -36,6 +37,9 @@ pub struct TelemetrySettings {
     /// How long one export may take before it is given up.
     #[serde(with = "humantime_serde")]
     pub export_timeout: Duration,
+    /// A CA (PEM) trusted for an `https://` collector besides the public
+    /// roots, e.g. a private CA of an in-house collector.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for TelemetrySettings {
@@ -47,6 +51,7 @@ impl Default for TelemetrySettings {
             service_name: "dedupq".into(),
             sampling_ratio: 1.0,
             export_timeout: Duration::from_secs(10),
+            ca_file: None,
         }
     }
 }
@@ -59,12 +64,7 @@ impl TelemetrySettings {
         }
         let url = url::Url::parse(&self.endpoint).ok();
         let scheme = url.as_ref().map(url::Url::scheme);
-        let allowed = match self.protocol {
-            OtlpProtocol::Http => matches!(scheme, Some("http" | "https")),
-            // The gRPC exporter is built without TLS: a collector next to
-            // the process (an agent or sidecar) forwards over TLS.
-            OtlpProtocol::Grpc => scheme == Some("http"),
-        };
+        let allowed = matches!(scheme, Some("http" | "https"));
         if !allowed || url.as_ref().is_some_and(|u| u.host().is_none()) {
             return Err(ConfigError::new(
                 "telemetry.endpoint",
@@ -73,7 +73,7 @@ impl TelemetrySettings {
                     redact_url(&self.endpoint),
                     self.protocol
                 ),
-                "use http://host:4317 (grpc) or http(s)://host:4318 (http)",
+                "use http(s)://host:4317 (grpc) or http(s)://host:4318 (http)",
             ));
         }
         if self.service_name.trim().is_empty() {
@@ -97,7 +97,31 @@ impl TelemetrySettings {
                 "the default is 10s",
             ));
         }
-        Ok(())
+        self.ca_pem().map(|_| ())
+    }
+
+    /// The PEM of `telemetry.ca_file`, if set: a file that cannot be read
+    /// or holds no certificate stops start-up naming the setting.
+    pub fn ca_pem(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        let Some(path) = &self.ca_file else {
+            return Ok(None);
+        };
+        let fix = "point it at the PEM file of the CA that signed the collector's certificate";
+        let pem = std::fs::read(path).map_err(|e| {
+            ConfigError::new(
+                "telemetry.ca_file",
+                format!("cannot read {}: {e}", path.display()),
+                fix,
+            )
+        })?;
+        if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::new(
+                "telemetry.ca_file",
+                format!("{} holds no PEM certificate", path.display()),
+                fix,
+            ));
+        }
+        Ok(Some(pem))
     }
 }
 
@@ -137,7 +161,7 @@ mod tests {
             protocol,
             ..on()
         };
-        for bad in ["localhost:4317", "ftp://h:1", "https://h:4317", "http://"] {
+        for bad in ["localhost:4317", "ftp://h:1", "http://"] {
             assert_eq!(
                 refused(endpoint(bad, OtlpProtocol::Grpc)),
                 "telemetry.endpoint",
@@ -147,6 +171,21 @@ mod tests {
         endpoint("https://collector:4318", OtlpProtocol::Http)
             .validate()
             .expect("https over OTLP/HTTP");
+        endpoint("https://collector:4317", OtlpProtocol::Grpc)
+            .validate()
+            .expect("https over OTLP/gRPC");
+        let missing = TelemetrySettings {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..on()
+        };
+        assert_eq!(refused(missing), "telemetry.ca_file");
+        let text = std::env::temp_dir().join(format!("not-a-ca-{}.txt", std::process::id()));
+        std::fs::write(&text, "no certificate here\n").unwrap();
+        let not_pem = TelemetrySettings {
+            ca_file: Some(text),
+            ..on()
+        };
+        assert_eq!(refused(not_pem), "telemetry.ca_file");
         for ratio in [-0.1, 1.5, f64::NAN] {
             let s = TelemetrySettings {
                 sampling_ratio: ratio,

@@ -4,7 +4,10 @@
 
 use crate::config::{OtlpProtocol, TelemetrySettings};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+use opentelemetry_otlp::{
+    Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
+};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use std::time::Duration;
@@ -24,18 +27,38 @@ pub enum ExportError {
     /// on.
     #[error("`[telemetry]` needs a Tokio runtime to export from")]
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
+    /// `telemetry.ca_file` cannot be used.
+    #[error(transparent)]
+    Ca(#[from] crate::config::ConfigError),
+    /// `telemetry.ca_file` was read but is not a certificate the TLS client
+    /// takes.
+    #[error("invalid setting `telemetry.ca_file`: not a PEM certificate the TLS client accepts")]
+    CaRefused(#[source] reqwest::Error),
 }
 
 pub(super) fn tracer_provider(s: &TelemetrySettings) -> Result<SdkTracerProvider, ExportError> {
+    let ca = s.ca_pem()?;
     let exporter = match s.protocol {
-        OtlpProtocol::Grpc => SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(&s.endpoint)
-            .with_timeout(s.export_timeout)
-            .build(),
+        OtlpProtocol::Grpc => {
+            let builder = SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(&s.endpoint)
+                .with_timeout(s.export_timeout);
+            if s.endpoint.starts_with("https:") {
+                // The public roots, and the configured CA besides them.
+                let tls = ClientTlsConfig::new().with_webpki_roots();
+                let tls = match &ca {
+                    Some(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
+                    None => tls,
+                };
+                builder.with_tls_config(tls).build()
+            } else {
+                builder.build()
+            }
+        }
         OtlpProtocol::Http => SpanExporter::builder()
             .with_http()
-            .with_http_client(RuntimeClient::new(s.export_timeout)?)
+            .with_http_client(RuntimeClient::new(s.export_timeout, ca.as_deref())?)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(traces_url(&s.endpoint))
             .with_timeout(s.export_timeout)
@@ -75,12 +98,14 @@ struct RuntimeClient {
 }
 
 impl RuntimeClient {
-    fn new(timeout: Duration) -> Result<Self, ExportError> {
+    fn new(timeout: Duration, ca: Option<&[u8]>) -> Result<Self, ExportError> {
+        let mut builder = reqwest::Client::builder().timeout(timeout);
+        if let Some(pem) = ca {
+            let ca = reqwest::Certificate::from_pem(pem).map_err(ExportError::CaRefused)?;
+            builder = builder.add_root_certificate(ca);
+        }
         Ok(Self {
-            client: reqwest::Client::builder()
-                .timeout(timeout)
-                .build()
-                .map_err(ExportError::Client)?,
+            client: builder.build().map_err(ExportError::Client)?,
             runtime: tokio::runtime::Handle::try_current().map_err(ExportError::NoRuntime)?,
         })
     }

@@ -5,8 +5,17 @@
 use crate::support::{eventually, process::free_port, unique};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+/// The directory of the CA and server certificate `scripts/services up`
+/// generates (the server certificate names 127.0.0.1 and localhost).
+pub fn services_tls_dir() -> PathBuf {
+    let dir =
+        std::env::var("DEDUPQ_SERVICES_DIR").unwrap_or_else(|_| "/var/tmp/dedupq-services".into());
+    PathBuf::from(dir).join("tls")
+}
 
 pub struct Jaeger {
     child: Child,
@@ -64,9 +73,30 @@ impl Trace {
 
 impl Jaeger {
     pub async fn start() -> Self {
+        Self::launch(false).await
+    }
+
+    /// Both OTLP receivers over TLS only, with the services' server
+    /// certificate (signed by their CA).
+    pub async fn start_tls() -> Self {
+        Self::launch(true).await
+    }
+
+    async fn launch(tls: bool) -> Self {
         let dir = std::env::temp_dir().join(unique("jaeger"));
         std::fs::create_dir_all(&dir).unwrap();
         let [grpc, http, query, query_grpc] = [(); 4].map(|_| free_port());
+        let (scheme, tls_block) = if tls {
+            let certs = services_tls_dir();
+            let block = format!(
+                ", tls: {{cert_file: {}, key_file: {}}}",
+                certs.join("server.pem").display(),
+                certs.join("server.key").display()
+            );
+            ("https", block)
+        } else {
+            ("http", String::new())
+        };
         let config = format!(
             "service:
   extensions: [jaeger_storage, jaeger_query]
@@ -85,8 +115,8 @@ extensions:
 receivers:
   otlp:
     protocols:
-      grpc: {{endpoint: 127.0.0.1:{grpc}}}
-      http: {{endpoint: 127.0.0.1:{http}}}
+      grpc: {{endpoint: 127.0.0.1:{grpc}{tls_block}}}
+      http: {{endpoint: 127.0.0.1:{http}{tls_block}}}
 processors:
   batch: {{timeout: 100ms}}
 exporters:
@@ -106,8 +136,8 @@ exporters:
             .expect("the jaeger binary is on the PATH (run scripts/observability)");
         let me = Self {
             child,
-            otlp_grpc: format!("http://127.0.0.1:{grpc}"),
-            otlp_http: format!("http://127.0.0.1:{http}"),
+            otlp_grpc: format!("{scheme}://127.0.0.1:{grpc}"),
+            otlp_http: format!("{scheme}://127.0.0.1:{http}"),
             query: format!("http://127.0.0.1:{query}"),
             client: reqwest::Client::new(),
         };

@@ -9,7 +9,7 @@
 //! `broken-no-trace-propagation` forwards the producer's header instead,
 //! and these tests fail on it).
 
-use crate::jaeger::{Jaeger, Trace};
+use crate::jaeger::{services_tls_dir, Jaeger, Trace};
 use crate::support::amqp::{self, Client};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, kafka, unique};
@@ -385,6 +385,74 @@ async fn an_http_api_request_continues_the_callers_trace() {
     assert_continued(&trace, &caller, &charge, "http", "pay-http");
 }
 
+/// An untraced Kafka payment through a `dedupq run` that exports to
+/// `jaeger` over `protocol`, trusting `ca`; the process is stopped (which
+/// flushes its spans) before the trace is looked up. Returns the trace,
+/// if the collector holds one.
+async fn exported_over_tls(jaeger: &Jaeger, protocol: &str, ca: &str) -> Option<Trace> {
+    let provider = Provider::start(Knobs::default()).await;
+    let mut config = config(jaeger, protocol, &provider).await;
+    let ca = services_tls_dir().join(ca);
+    let telemetry = config["telemetry"].as_table_mut().unwrap();
+    telemetry.insert("ca_file".into(), ca.display().to_string().into());
+    let topic = kafka_section(&mut config).await;
+    let mut dedupq = Dedupq::start(&config).await;
+
+    let key = format!("pay-tls-{protocol}");
+    produce(&topic, &key, Vec::new()).await;
+    let (trace_id, _) = traceparent(&charged(&provider, &key).await);
+    let stopped = dedupq.terminate(Duration::from_secs(30)).await;
+    assert!(
+        stopped.is_some(),
+        "a clean stop
+{}",
+        dedupq.log_tail()
+    );
+    // Jaeger stores what it received within its 100 ms batch timeout.
+    let names = ["dedupq.batch", "dedupq.message", "dedupq.handler"];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let trace = jaeger.trace(&trace_id).await;
+        let whole = trace
+            .as_ref()
+            .is_some_and(|t| names.iter().all(|n| !t.named(n).is_empty()));
+        if whole || tokio::time::Instant::now() > deadline {
+            return trace;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A collector that serves OTLP over TLS only, with a certificate of a
+/// private CA: `telemetry.ca_file` makes it trusted, over gRPC and HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spans_reach_a_tls_collector_verified_against_the_configured_ca() {
+    let jaeger = Jaeger::start_tls().await;
+    assert!(jaeger.otlp_grpc.starts_with("https://"));
+    for protocol in ["grpc", "http"] {
+        let trace = exported_over_tls(&jaeger, protocol, "ca.pem").await;
+        let trace = trace.unwrap_or_else(|| panic!("{protocol}: no trace reached the collector"));
+        for name in ["dedupq.batch", "dedupq.message", "dedupq.handler"] {
+            assert_eq!(trace.named(name).len(), 1, "{protocol}: {trace:#?}");
+        }
+    }
+}
+
+/// The same collector, with `telemetry.ca_file` naming a CA that did not
+/// sign its certificate (and the public roots do not know it either): the
+/// certificate is refused and no span leaves dedupq, over gRPC or HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_collector_certificate_the_configured_ca_did_not_sign_gets_no_spans() {
+    let jaeger = Jaeger::start_tls().await;
+    for protocol in ["grpc", "http"] {
+        let trace = exported_over_tls(&jaeger, protocol, "other-ca.pem").await;
+        assert!(
+            trace.is_none(),
+            "{protocol}: spans crossed an unverified TLS connection: {trace:#?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_collector_url_that_cannot_be_used_stops_start_up_naming_the_setting() {
     let provider = Provider::start(Knobs::default()).await;
@@ -400,7 +468,23 @@ async fn a_collector_url_that_cannot_be_used_stops_start_up_naming_the_setting()
     assert_eq!(status.code(), Some(2), "{}", dedupq.log());
     let log = dedupq.log();
     assert!(
-        log.contains("invalid setting `telemetry.endpoint`") && log.contains("http://host:4317"),
+        log.contains("invalid setting `telemetry.endpoint`") && log.contains("//host:4317"),
         "the error names the setting and the fix: {log}"
+    );
+
+    // A CA file that cannot be read stops start-up naming its setting.
+    let section = "enabled = true\nca_file = \"/nonexistent/collector-ca.pem\"";
+    config.insert(
+        "telemetry".into(),
+        toml::Value::Table(section.parse().unwrap()),
+    );
+    let mut dedupq = Dedupq::launch(&config, &[]);
+    let status = dedupq.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(2), "{}", dedupq.log());
+    let log = dedupq.log();
+    assert!(
+        log.contains("invalid setting `telemetry.ca_file`")
+            && log.contains("/nonexistent/collector-ca.pem"),
+        "the error names the setting and the file: {log}"
     );
 }
