@@ -253,25 +253,15 @@ impl AmqpSettings {
     /// The CA file exists and holds at least one PEM certificate, so a bad
     /// path stops start-up instead of every reconnect.
     fn check_tls_ca(&self) -> Result<(), ConfigError> {
-        let Some(path) = &self.tls_ca_file else {
-            return Ok(());
-        };
-        let fix = "point it at the PEM file of the CA that signed the broker's certificate";
-        let pem = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new(
-                "amqp.tls_ca_file",
-                format!("cannot read {}: {e}", path.display()),
-                fix,
-            )
-        })?;
-        if !pem.contains("-----BEGIN CERTIFICATE-----") {
-            return Err(ConfigError::new(
-                "amqp.tls_ca_file",
-                format!("{} holds no PEM certificate", path.display()),
-                fix,
-            ));
-        }
-        Ok(())
+        self.tls_ca_pem().map(|_| ())
+    }
+
+    /// The PEM text of `amqp.tls_ca_file`, if set.
+    pub(crate) fn tls_ca_pem(&self) -> Result<Option<String>, ConfigError> {
+        self.tls_ca_file
+            .as_deref()
+            .map(|path| super::read_ca_pem("amqp.tls_ca_file", path, "the broker's"))
+            .transpose()
     }
 
     fn check_names(&self) -> Result<(), ConfigError> {

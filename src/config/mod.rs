@@ -277,6 +277,32 @@ impl ConfigError {
     }
 }
 
+/// The PEM text of the CA file `setting` names: a file that cannot be read
+/// or holds no certificate is refused naming the setting. `signer_of` says
+/// whose certificate the CA signed (for the fix).
+pub(crate) fn read_ca_pem(
+    setting: &str,
+    path: &Path,
+    signer_of: &str,
+) -> Result<String, ConfigError> {
+    let fix = format!("point it at the PEM file of the CA that signed {signer_of} certificate");
+    let pem = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(
+            setting,
+            format!("cannot read {}: {e}", path.display()),
+            fix.clone(),
+        )
+    })?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(ConfigError::new(
+            setting,
+            format!("{} holds no PEM certificate", path.display()),
+            fix,
+        ));
+    }
+    Ok(pem)
+}
+
 /// The variable of a setting: `engine.lease` -> `ENGINE__LEASE`; a
 /// librdkafka property keeps its dots as `_` (see `sources`).
 fn env_name(setting: &str) -> String {

@@ -100,28 +100,13 @@ impl TelemetrySettings {
         self.ca_pem().map(|_| ())
     }
 
-    /// The PEM of `telemetry.ca_file`, if set: a file that cannot be read
-    /// or holds no certificate stops start-up naming the setting.
-    pub fn ca_pem(&self) -> Result<Option<Vec<u8>>, ConfigError> {
-        let Some(path) = &self.ca_file else {
-            return Ok(None);
-        };
-        let fix = "point it at the PEM file of the CA that signed the collector's certificate";
-        let pem = std::fs::read(path).map_err(|e| {
-            ConfigError::new(
-                "telemetry.ca_file",
-                format!("cannot read {}: {e}", path.display()),
-                fix,
-            )
-        })?;
-        if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
-            return Err(ConfigError::new(
-                "telemetry.ca_file",
-                format!("{} holds no PEM certificate", path.display()),
-                fix,
-            ));
-        }
-        Ok(Some(pem))
+    /// The PEM text of `telemetry.ca_file`, if set: a file that cannot be
+    /// read or holds no certificate stops start-up naming the setting.
+    pub fn ca_pem(&self) -> Result<Option<String>, ConfigError> {
+        self.ca_file
+            .as_deref()
+            .map(|path| super::read_ca_pem("telemetry.ca_file", path, "the collector's"))
+            .transpose()
     }
 }
 

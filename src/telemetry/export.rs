@@ -98,10 +98,11 @@ struct RuntimeClient {
 }
 
 impl RuntimeClient {
-    fn new(timeout: Duration, ca: Option<&[u8]>) -> Result<Self, ExportError> {
+    fn new(timeout: Duration, ca: Option<&str>) -> Result<Self, ExportError> {
         let mut builder = reqwest::Client::builder().timeout(timeout);
         if let Some(pem) = ca {
-            let ca = reqwest::Certificate::from_pem(pem).map_err(ExportError::CaRefused)?;
+            let ca =
+                reqwest::Certificate::from_pem(pem.as_bytes()).map_err(ExportError::CaRefused)?;
             builder = builder.add_root_certificate(ca);
         }
         Ok(Self {

@@ -453,20 +453,25 @@ async fn a_collector_certificate_the_configured_ca_did_not_sign_gets_no_spans() 
     }
 }
 
+/// The log of a `dedupq run` with `telemetry` as its `[telemetry]`
+/// section, which must refuse to start (exit code 2).
+async fn refused_at_start(config: &mut toml::Table, telemetry: &str) -> String {
+    config.insert(
+        "telemetry".into(),
+        toml::Value::Table(telemetry.parse().unwrap()),
+    );
+    let mut dedupq = Dedupq::launch(config, &[]);
+    let status = dedupq.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(2), "{}", dedupq.log());
+    dedupq.log()
+}
+
 #[tokio::test]
 async fn a_collector_url_that_cannot_be_used_stops_start_up_naming_the_setting() {
     let provider = Provider::start(Knobs::default()).await;
     let (_, store) = isolated_store().await;
     let mut config = base_config(&store, &provider);
-    let section = "enabled = true\nendpoint = \"collector:4317\"";
-    config.insert(
-        "telemetry".into(),
-        toml::Value::Table(section.parse().unwrap()),
-    );
-    let mut dedupq = Dedupq::launch(&config, &[]);
-    let status = dedupq.wait_exit(Duration::from_secs(30)).await;
-    assert_eq!(status.code(), Some(2), "{}", dedupq.log());
-    let log = dedupq.log();
+    let log = refused_at_start(&mut config, "enabled = true\nendpoint = \"collector:4317\"").await;
     assert!(
         log.contains("invalid setting `telemetry.endpoint`") && log.contains("//host:4317"),
         "the error names the setting and the fix: {log}"
@@ -474,14 +479,7 @@ async fn a_collector_url_that_cannot_be_used_stops_start_up_naming_the_setting()
 
     // A CA file that cannot be read stops start-up naming its setting.
     let section = "enabled = true\nca_file = \"/nonexistent/collector-ca.pem\"";
-    config.insert(
-        "telemetry".into(),
-        toml::Value::Table(section.parse().unwrap()),
-    );
-    let mut dedupq = Dedupq::launch(&config, &[]);
-    let status = dedupq.wait_exit(Duration::from_secs(30)).await;
-    assert_eq!(status.code(), Some(2), "{}", dedupq.log());
-    let log = dedupq.log();
+    let log = refused_at_start(&mut config, section).await;
     assert!(
         log.contains("invalid setting `telemetry.ca_file`")
             && log.contains("/nonexistent/collector-ca.pem"),

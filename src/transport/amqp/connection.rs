@@ -51,16 +51,7 @@ pub(super) async fn connect(settings: &AmqpSettings) -> Result<Connection, AmqpE
 /// `amqp.tls_ca_file` is trusted for `amqps://` besides the system's roots.
 /// Read at every connect, so a rotated CA file takes effect on reconnect.
 fn tls_config(settings: &AmqpSettings) -> Result<OwnedTLSConfig, AmqpError> {
-    let cert_chain = match &settings.tls_ca_file {
-        None => None,
-        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-            AmqpError::Config(crate::config::ConfigError::new(
-                "amqp.tls_ca_file",
-                format!("cannot read {}: {e}", path.display()),
-                "point it at the PEM file of the CA that signed the broker's certificate",
-            ))
-        })?),
-    };
+    let cert_chain = settings.tls_ca_pem().map_err(AmqpError::Config)?;
     Ok(OwnedTLSConfig {
         identity: None,
         cert_chain,
