@@ -44,7 +44,7 @@ pub(super) fn tracer_provider(s: &TelemetrySettings) -> Result<SdkTracerProvider
                 .with_tonic()
                 .with_endpoint(&s.endpoint)
                 .with_timeout(s.export_timeout);
-            if s.endpoint.starts_with("https:") {
+            if is_https(&s.endpoint) {
                 // The public roots, and the configured CA besides them.
                 let tls = ClientTlsConfig::new().with_webpki_roots();
                 let tls = match &ca {
@@ -81,6 +81,12 @@ pub(super) fn tracer_provider(s: &TelemetrySettings) -> Result<SdkTracerProvider
         ))))
         .with_resource(resource)
         .build())
+}
+
+/// Whether the collector is reached over TLS (the scheme in any case, as
+/// the gRPC client reads it).
+fn is_https(endpoint: &str) -> bool {
+    url::Url::parse(endpoint).is_ok_and(|u| u.scheme() == "https")
 }
 
 /// OTLP/HTTP's path for traces under the collector's base URL.
@@ -133,7 +139,14 @@ impl HttpClient for RuntimeClient {
 
 #[cfg(test)]
 mod tests {
-    use super::traces_url;
+    use super::{is_https, traces_url};
+
+    #[test]
+    fn an_https_scheme_in_any_case_means_tls() {
+        assert!(is_https("https://collector:4317"));
+        assert!(is_https("HTTPS://collector:4317"));
+        assert!(!is_https("http://collector:4317"));
+    }
 
     #[test]
     fn the_http_endpoint_is_a_base_url_under_which_traces_go_to_v1_traces() {
