@@ -3,6 +3,12 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a failed key-table write keeps the store not ready when no
+/// write comes after it (no traffic): long enough to be seen, short enough
+/// that an idle replica is taken back into service.
+const WRITE_FAILURE_HOLD: Duration = Duration::from_secs(15);
 
 const OFF: u8 = 0;
 const UP: u8 = 1;
@@ -60,6 +66,9 @@ struct Inner {
     /// Why a component is down, when its owner said.
     reasons: Mutex<[Option<String>; 4]>,
     stalled: Mutex<[Vec<String>; 4]>,
+    /// The last key-table write that failed for an outage (a read-only
+    /// server, a timeout, no disk), until a write works again.
+    write_failure: Mutex<Option<(String, Instant)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,11 +113,38 @@ impl Health {
         lock(&self.0.stalled)[c as usize].clone()
     }
 
-    /// What /readyz answers 200 for: the store up, no configured component
-    /// down, no stalled lane.
+    /// A key-table write failed for an outage: the store is not ready,
+    /// with the SQLSTATE, until a write works again (or, with no write
+    /// coming, for `WRITE_FAILURE_HOLD`). The ping alone cannot see a
+    /// statement timeout or a full disk.
+    pub fn store_writes_failed(&self, e: &crate::store::StoreError) {
+        let code = e.sqlstate().unwrap_or_else(|| e.class().to_string());
+        let reason = format!("writes failing ({code}): {}", crate::telemetry::chain(e));
+        *lock(&self.0.write_failure) = Some((reason, Instant::now()));
+    }
+
+    /// A key-table write went through.
+    pub fn store_writes_work(&self) {
+        let mut failure = lock(&self.0.write_failure);
+        if failure.is_some() {
+            *failure = None;
+        }
+    }
+
+    /// Why writes fail now, if they do.
+    pub fn store_write_failure(&self) -> Option<String> {
+        lock(&self.0.write_failure)
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < WRITE_FAILURE_HOLD)
+            .map(|(reason, _)| reason.clone())
+    }
+
+    /// What /readyz answers 200 for: the store up and its writes working,
+    /// no configured component down, no stalled lane.
     pub fn ready(&self) -> bool {
         Component::ALL.iter().all(|c| self.get(*c) != Some(false))
             && self.get(Component::Store) == Some(true)
+            && self.store_write_failure().is_none()
             && lock(&self.0.stalled).iter().all(Vec::is_empty)
     }
 }

@@ -55,8 +55,13 @@ async fn report_readiness(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ping.tick() => {
-                let up = store.ping().await.is_ok();
-                health.set(Component::Store, up);
+                match store.ping().await {
+                    Ok(()) => health.set(Component::Store, true),
+                    Err(e) => {
+                        let code = e.sqlstate().unwrap_or_else(|| e.class().to_string());
+                        health.set_down(Component::Store, format!("{code}: {}", chain(&e)));
+                    }
+                }
                 metrics.ready.set(health.ready().into());
             }
         }
@@ -194,7 +199,7 @@ async fn purge_once(
             tracing::info!(purged = n, "retention purge");
         }
         Err(e) => {
-            metrics.store_errors.inc();
+            metrics.store_error(&e);
             tracing::warn!(error = %chain(&e), "retention purge failed");
         }
     }
@@ -217,7 +222,7 @@ fn record_counts(counts: Result<Vec<(KeyStatus, i64)>, StoreError>, metrics: &Me
             }
         }
         Err(e) => {
-            metrics.store_errors.inc();
+            metrics.store_error(&e);
             tracing::warn!(error = %chain(&e), "counting keys failed");
         }
     }

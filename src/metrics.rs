@@ -45,8 +45,12 @@ pub struct Inner {
     pub keys: IntGaugeVec,
     /// `dedupq_keys_purged_total`: finished keys deleted by retention.
     pub keys_purged: IntCounter,
-    /// `dedupq_store_errors_total`: key-table statements that failed.
-    pub store_errors: IntCounter,
+    /// `dedupq_store_errors_total{class}`: key-table statements that
+    /// failed, by SQLSTATE class (`25` read-only, `57` timeouts, `53`
+    /// resources, `55` lock not available, `22`/`23`/`54` a row refused) or
+    /// `connection`, `pool`, `other` without one. Count with
+    /// [`Metrics::store_error`].
+    pub store_errors: IntCounterVec,
     /// `dedupq_dead_letters_total{reason}`: dead letters by reason.
     pub dead_letters: IntCounterVec,
     /// `dedupq_kafka_consumer_lag{topic, partition}`: high watermark minus
@@ -203,9 +207,12 @@ impl Metrics {
                 "dedupq_keys_purged_total",
                 "Finished keys deleted by retention"
             )),
-            store_errors: register!(IntCounter::new(
-                "dedupq_store_errors_total",
-                "Key-table statements that failed"
+            store_errors: register!(IntCounterVec::new(
+                Opts::new(
+                    "dedupq_store_errors_total",
+                    "Key-table statements that failed, by SQLSTATE class"
+                ),
+                &["class"]
             )),
             dead_letters: register!(IntCounterVec::new(
                 Opts::new(
@@ -278,6 +285,22 @@ impl Metrics {
         inner.initialise_known_labels();
         register_process_metrics(&inner.registry);
         Self(Arc::new(inner))
+    }
+
+    /// Counts a failed key-table statement under its SQLSTATE class.
+    pub fn store_error(&self, e: &crate::store::StoreError) {
+        self.store_errors.with_label_values(&[e.class()]).inc();
+    }
+
+    /// Failed key-table statements, every class together.
+    pub fn store_errors_total(&self) -> u64 {
+        use prometheus::core::Collector;
+        self.store_errors
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|m| m.get_counter().value() as u64)
+            .sum()
     }
 
     /// The Prometheus text exposition of every metric, the `process_*`

@@ -62,6 +62,11 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             Some(reason) => body.push_str(&format!("{} {status}: {reason}\n", c.name())),
             None => body.push_str(&format!("{} {status}\n", c.name())),
         }
+        if c == Component::Store {
+            if let Some(failure) = state.health.store_write_failure() {
+                body.push_str(&format!("store down: {failure}\n"));
+            }
+        }
         for lane in state.health.stalled(c) {
             body.push_str(&format!("{} stalled: {lane}\n", c.name()));
         }

@@ -153,7 +153,10 @@ async fn drive(
             });
         }
         let landed = store.finish_batch(&writes).await?;
-        anyhow::ensure!(landed.iter().all(|l| *l), "a finish was fenced");
+        anyhow::ensure!(
+            landed.iter().all(|l| *l == crate::store::Written::Landed),
+            "a finish was fenced or locked"
+        );
         durations.push(t.elapsed().as_secs_f64() * 1000.0);
     }
 }

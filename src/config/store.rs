@@ -58,6 +58,12 @@ pub struct StoreSettings {
     /// engine pauses and retries.
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
+    /// `store.lock_timeout` (default 1s): how long a claim, finish or lease
+    /// renewal waits for a row another transaction holds (an operator's
+    /// `SELECT … FOR UPDATE`). Past it, that key alone waits and is tried
+    /// again; the rest of its batch goes on.
+    #[serde(with = "humantime_serde")]
+    pub lock_timeout: Duration,
 }
 
 impl Default for StoreSettings {
@@ -69,6 +75,7 @@ impl Default for StoreSettings {
             migrate: MigrateMode::Auto,
             max_connections: 8,
             acquire_timeout: Duration::from_secs(3),
+            lock_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -91,6 +98,13 @@ impl StoreSettings {
                 "store.max_connections",
                 "must be at least 1",
                 "set it to 4..16",
+            ));
+        }
+        if self.lock_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "store.lock_timeout",
+                "0 would let one locked row hold a whole batch (and its partition) for ever",
+                "set it to about 1s",
             ));
         }
         if let Some(schema) = &self.schema {

@@ -7,7 +7,7 @@ use super::lease::LeaseKeeper;
 use super::message::Incoming;
 use super::verdict::Verdict;
 use crate::handler::{HandlerCall, HandlerOutcome, Request};
-use crate::store::{Answer, Claim, Finish, FinishWrite, StoreError};
+use crate::store::{Answer, Claim, Finish, FinishWrite, StoreError, Written};
 use crate::telemetry::spans;
 use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -42,6 +42,9 @@ enum Stored {
     Landed,
     /// The epoch no longer matches: another worker owns the key.
     Fenced,
+    /// Another transaction holds the row: the finish is written later, in
+    /// the background, while the lease is kept (see `Engine::park`).
+    Locked(Finish),
     /// PostgreSQL refused the row itself (not an outage).
     Rejected(String),
 }
@@ -82,6 +85,9 @@ impl Engine {
                 .into_iter()
                 .map(|(j, out)| (j, self.judge(&owned[j], out)))
                 .collect();
+            for (j, _) in &verdicts {
+                keeper.answered(*j);
+            }
             let stored = self
                 .keep_renewing(&mut renewal, self.store_verdicts(&owned, &verdicts))
                 .await?;
@@ -176,7 +182,11 @@ impl Engine {
             .await;
         timer.observe_duration();
         match whole {
-            Ok(landed) => Ok(landed.into_iter().map(landed_or_fenced).collect()),
+            Ok(written) => Ok(written
+                .into_iter()
+                .zip(&writes)
+                .map(|(w, write)| stored(w, &write.finish))
+                .collect()),
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
                 tracing::warn!(error = %crate::telemetry::chain(&e), rows = writes.len(),
@@ -205,7 +215,7 @@ impl Engine {
             }
         };
         let refused = match attempt(write.finish.clone()).await {
-            Ok(landed) => return Ok(landed_or_fenced(landed[0])),
+            Ok(written) => return Ok(stored(written[0], &write.finish)),
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => crate::telemetry::chain(&e).to_string(),
         };
@@ -221,8 +231,8 @@ impl Engine {
         };
         tracing::warn!(identity = %write.identity, error = %refused,
             "PostgreSQL refused the answer's body; storing the outcome without it");
-        match attempt(without_body).await {
-            Ok(landed) => Ok(landed_or_fenced(landed[0])),
+        match attempt(without_body.clone()).await {
+            Ok(written) => Ok(stored(written[0], &without_body)),
             Err(e) if e.is_transient() => Err(e),
             Err(e) => Ok(Stored::Rejected(crate::telemetry::chain(&e).to_string())),
         }
@@ -240,6 +250,18 @@ impl Engine {
                     identity: Some(identity.clone()),
                     epoch: Some(o.claim.epoch),
                     ..retry_soon(&self.inner.options, Outcome::LeaseLost)
+                }
+            }
+            // The answer is kept and written as soon as the row is free;
+            // the message waits (uncommitted) and finds it stored.
+            Stored::Locked(finish) => {
+                tracing::warn!(%identity, epoch = o.claim.epoch.0,
+                    "another transaction holds the key's row; its outcome is stored once it lets go");
+                self.park(identity.clone(), o.claim.epoch, finish);
+                Decision {
+                    identity: Some(identity.clone()),
+                    epoch: Some(o.claim.epoch),
+                    ..retry_soon(&self.inner.options, Outcome::InFlight)
                 }
             }
             // The key stays open with its attempt marked unfinished: the
@@ -298,16 +320,17 @@ impl Stored {
         match self {
             Stored::Landed => "landed",
             Stored::Fenced => "fenced",
+            Stored::Locked(_) => "locked",
             Stored::Rejected(_) => "rejected",
         }
     }
 }
 
-fn landed_or_fenced(landed: bool) -> Stored {
-    if landed {
-        Stored::Landed
-    } else {
-        Stored::Fenced
+fn stored(written: Written, finish: &Finish) -> Stored {
+    match written {
+        Written::Landed => Stored::Landed,
+        Written::Fenced => Stored::Fenced,
+        Written::Locked => Stored::Locked(finish.clone()),
     }
 }
 

@@ -204,32 +204,50 @@ impl Engine {
     }
 
     /// Retries a store write through an outage: the result is only in
-    /// memory, so it is worth waiting for PostgreSQL to come back. Gives up
+    /// memory, so it is worth waiting for PostgreSQL to come back, however
+    /// long (read-only after a failover, timeouts, out of disk). Gives up
     /// on shutdown (nothing is committed; the message comes back) or on an
-    /// error that waiting does not cure.
+    /// error that belongs to the row (see [`StoreError`]).
     pub(super) async fn store_retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let metrics = &self.inner.metrics;
-        backoff::wait_out(
+        let got = backoff::wait_out(
             self.inner.options.backoff,
             &self.inner.shutdown,
             StoreError::is_transient,
             |e, attempt, _| {
-                metrics.store_errors.inc();
+                self.store_failed(e);
                 tracing::warn!(error = %crate::telemetry::chain(e), attempt, "store write failed; retrying");
             },
             write,
         )
         .await
         .map_err(|gave| {
-            if let Gave::Up(_) = &gave {
-                metrics.store_errors.inc();
+            if let Gave::Up(e) = &gave {
+                self.store_failed(e);
             }
             gave.into_inner()
-        })
+        });
+        if got.is_ok() {
+            self.store_worked();
+        }
+        got
+    }
+
+    /// Counts a failed key-table statement by its SQLSTATE class, and tells
+    /// /readyz that writes fail (with the SQLSTATE) while they do.
+    pub(super) fn store_failed(&self, e: &StoreError) {
+        self.inner.metrics.store_error(e);
+        if e.is_transient() {
+            self.inner.health.store_writes_failed(e);
+        }
+    }
+
+    /// A key-table write went through: writes work again.
+    pub(super) fn store_worked(&self) {
+        self.inner.health.store_writes_work();
     }
 }
 

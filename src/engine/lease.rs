@@ -4,7 +4,7 @@
 
 use crate::identity::{Epoch, Identity};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Renewed, Store};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 struct Slot {
     active: bool,
+    /// The handler has answered; its outcome is being stored. The lease is
+    /// still renewed, but a late renewal no longer cuts anything off.
+    answered: bool,
     deadline: Instant,
     lost: CancellationToken,
 }
@@ -29,6 +32,7 @@ impl<'a> LeaseKeeper<'a> {
             .iter()
             .map(|_| Slot {
                 active: true,
+                answered: false,
                 deadline: claimed_at + lease,
                 lost: CancellationToken::new(),
             })
@@ -50,7 +54,14 @@ impl<'a> LeaseKeeper<'a> {
         self.slots()[i].lost.clone()
     }
 
-    /// Stop renewing claim `i` (its handler finished).
+    /// Claim `i`'s handler answered: keep renewing while its outcome is
+    /// stored (through a store outage, however long), but never count it
+    /// lost or cut it off.
+    pub fn answered(&self, i: usize) {
+        self.slots()[i].answered = true;
+    }
+
+    /// Stop renewing claim `i` (its outcome is stored).
     pub fn forget(&self, i: usize) {
         self.slots()[i].active = false;
     }
@@ -71,23 +82,32 @@ impl<'a> LeaseKeeper<'a> {
             }
             let batch: Vec<(&Identity, Epoch)> = active.iter().map(|&i| self.claims[i]).collect();
             let started = Instant::now();
-            let renewed = tokio::time::timeout(every, store.renew_leases(&batch, lease)).await;
+            // Room for a lock wait (store.lock_timeout) on a row held elsewhere,
+            // which only leaves that row behind, within the lease.
+            let bound = lease.saturating_sub(every).max(every);
+            let renewed = tokio::time::timeout(bound, store.renew_leases(&batch, lease)).await;
             let mut slots = self.slots();
             match renewed {
-                Ok(Ok(held)) => {
-                    for (&i, held) in active.iter().zip(held) {
-                        if held {
-                            slots[i].deadline = started + lease;
-                        } else if slots[i].active {
+                Ok(Ok(renewed)) => {
+                    let mut locked = Vec::new();
+                    for (&i, renewed) in active.iter().zip(renewed) {
+                        match renewed {
+                            Renewed::Held => slots[i].deadline = started + lease,
+                            // Held by another transaction: not extended.
+                            Renewed::Locked => locked.push(i),
                             // Not a loss when the outcome was stored while
                             // the renewal was under way.
-                            metrics.lost_leases.inc();
-                            slots[i].lost.cancel();
+                            Renewed::Lost if slots[i].active && !slots[i].answered => {
+                                metrics.lost_leases.inc();
+                                slots[i].lost.cancel();
+                            }
+                            Renewed::Lost => {}
                         }
                     }
+                    expire_unsafe(&mut slots, &locked, every, metrics);
                 }
                 Ok(Err(e)) => {
-                    metrics.store_errors.inc();
+                    metrics.store_error(&e);
                     tracing::warn!(error = %e, "lease renewal failed");
                     expire_unsafe(&mut slots, &active, every, metrics);
                 }
@@ -104,7 +124,12 @@ impl<'a> LeaseKeeper<'a> {
 fn expire_unsafe(slots: &mut [Slot], active: &[usize], every: Duration, metrics: &Metrics) {
     let next_chance = Instant::now() + every;
     for &i in active {
-        if slots[i].active && next_chance >= slots[i].deadline && !slots[i].lost.is_cancelled() {
+        let slot = &slots[i];
+        if slot.active
+            && !slot.answered
+            && next_chance >= slot.deadline
+            && !slot.lost.is_cancelled()
+        {
             metrics.lost_leases.inc();
             slots[i].lost.cancel();
         }

@@ -6,6 +6,7 @@ mod decision;
 mod lease;
 mod message;
 mod options;
+mod parked;
 mod pipeline;
 mod record;
 mod round;

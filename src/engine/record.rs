@@ -48,6 +48,7 @@ pub(super) fn claim_label(r: &ClaimResult) -> &'static str {
         ClaimResult::Held { .. } => "held",
         ClaimResult::HeldUnknown { .. } => "held_unknown",
         ClaimResult::Conflict => "conflict",
+        ClaimResult::Locked => "locked",
         ClaimResult::Contended => "contended",
     }
 }

@@ -73,6 +73,13 @@ impl Engine {
                     },
                 )
             }
+            // Another transaction holds the row: only this key waits.
+            ClaimResult::Locked => (
+                Outcome::InFlight,
+                Action::RetryLater {
+                    after: opts.backoff.for_held(opts.backoff.max),
+                },
+            ),
             ClaimResult::Conflict => (
                 Outcome::Conflict,
                 Action::DeadLetter {
@@ -168,8 +175,9 @@ impl Engine {
             .claim_batch(&requests, &inner.options.owner, inner.options.lease)
             .instrument(crate::telemetry::spans::claim(requests.len()))
             .await
-            .inspect_err(|_| inner.metrics.store_errors.inc())?;
+            .inspect_err(|e| self.store_failed(e))?;
         timer.observe_duration();
+        self.store_worked();
         Ok(got)
     }
 

@@ -239,8 +239,11 @@ impl TransactionalEngine {
         // PostgreSQL itself ends a handler statement that runs past the
         // timeout, so an abandoned attempt does not hold the key's row (and
         // its connection) for as long as the statement would have run.
+        // The handler's own statements wait for locks as long as the
+        // timeout allows, not store.lock_timeout (which is for dedupq's
+        // statements over many keys).
         let limit = format!(
-            "SET LOCAL statement_timeout = {}; SAVEPOINT dedupq_handler",
+            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; SAVEPOINT dedupq_handler",
             timeout.as_millis().max(1)
         );
         let conn: &mut PgConnection = &mut tx;

@@ -97,6 +97,7 @@ JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 
 /// One message to claim: its identity and operation, and the request a
 /// new key stores for every later attempt.
+#[derive(Clone, Copy)]
 pub struct ClaimRequest<'a> {
     /// The row's primary key: `(tenant, key)`.
     pub identity: &'a Identity,
@@ -204,6 +205,10 @@ pub enum ClaimResult {
     },
     /// Same key, different operation.
     Conflict,
+    /// Another transaction holds the row (an operator's `SELECT … FOR
+    /// UPDATE`, a long transaction) past `store.lock_timeout`: nothing was
+    /// written; try again later. The rest of the batch was claimed.
+    Locked,
     /// A concurrent claimer committed the row after this statement's
     /// snapshot was taken: claim again to learn its state.
     Contended,
@@ -212,7 +217,10 @@ pub enum ClaimResult {
 impl Store {
     /// Claims every request in one round trip. The requests must have
     /// distinct identities (PostgreSQL refuses to touch a row twice in one
-    /// statement); results come back in request order.
+    /// statement); results come back in request order. A row another
+    /// transaction holds comes back [`ClaimResult::Locked`] and the rest
+    /// are claimed without it. Claims use their share of the pool only, so
+    /// renewals and finishes always find a connection.
     pub async fn claim_batch(
         &self,
         requests: &[ClaimRequest<'_>],
@@ -222,6 +230,25 @@ impl Store {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
+        let _permit = self.claim_permit().await;
+        let ids: Vec<&Identity> = requests.iter().map(|r| r.identity).collect();
+        self.around_locks(
+            &ids,
+            || ClaimResult::Locked,
+            |subset| async move {
+                let some: Vec<ClaimRequest<'_>> = subset.iter().map(|&i| requests[i]).collect();
+                self.claim_statement(&some, owner, lease).await
+            },
+        )
+        .await
+    }
+
+    async fn claim_statement(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<ClaimResult>, StoreError> {
         let order = sorted_order(requests, |r| {
             (r.identity.tenant.as_str(), r.identity.key.as_str())
         });
@@ -262,7 +289,8 @@ impl Store {
             .bind(owner)
             .bind(&legacy)
             .fetch_all(self.pool())
-            .await?;
+            .await
+            .map_err(|e| self.noted(e))?;
 
         let sorted: Vec<(&str, &str)> = tenants.iter().copied().zip(keys.iter().copied()).collect();
         let mut results = vec![ClaimResult::Contended; requests.len()];

@@ -6,11 +6,52 @@ use crate::config::{check_schema_name, StoreSettings};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// A handle on the key table. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    guard: Arc<Guard>,
+}
+
+/// What keeps the pool useful while PostgreSQL misbehaves.
+#[derive(Debug)]
+struct Guard {
+    /// Claims take one of these for their statement: the pool's other
+    /// connections stay free for lease renewals and finishes, so claims
+    /// that wait (on a row lock, a slow server) can never take the
+    /// connection a charged payment needs to store its answer.
+    claims: Semaphore,
+    /// When a statement last met a read-only server: connections opened
+    /// before then are closed instead of reused, since a session stays on
+    /// a standby (or read-only) for as long as it lives.
+    read_only_since: Mutex<Option<Instant>>,
+}
+
+impl Guard {
+    fn new(max_connections: u32) -> Arc<Self> {
+        // A quarter of the pool (at least one connection) is kept from
+        // claims; a pool of one shares its connection.
+        let max = max_connections.max(1) as usize;
+        let reserved = if max >= 2 { (max / 4).max(1) } else { 0 };
+        Arc::new(Self {
+            claims: Semaphore::new(max - reserved),
+            read_only_since: Mutex::new(None),
+        })
+    }
+
+    /// Whether a connection of this age was opened after the last
+    /// read-only answer (or there was none).
+    fn still_good(&self, age: Duration) -> bool {
+        let since = *self
+            .read_only_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        since.is_none_or(|t| age < t.elapsed())
+    }
 }
 
 impl Store {
@@ -31,6 +72,14 @@ impl Store {
             })?;
             options = options.options([("search_path", format!("\"{schema}\""))]);
         }
+        // Each statement waits this long for a row lock, then fails with
+        // lock_not_available, and the store leaves only the rows another
+        // transaction holds behind: a row locked from psql holds back its
+        // own key, never the batch, its partition or the pool.
+        let lock_timeout = format!("{}ms", settings.lock_timeout.as_millis().max(1));
+        options = options.options([("lock_timeout", lock_timeout)]);
+        let guard = Guard::new(settings.max_connections);
+        let fresh = guard.clone();
         let pool = PgPoolOptions::new()
             // Claims and completions are batched, so a few connections carry
             // a lot of traffic; more only add contention on 2-core hosts.
@@ -42,14 +91,45 @@ impl Store {
             // the hot path; a dead connection surfaces as an error instead,
             // which the caller already retries.
             .test_before_acquire(false)
+            // After a read-only answer, connections opened before it are
+            // replaced: a failover's new primary is found by reconnecting.
+            // A check of their age only, no round trip.
+            .before_acquire(move |_, meta| {
+                let keep = fresh.still_good(meta.age);
+                Box::pin(async move { Ok(keep) })
+            })
             .connect_lazy_with(options);
-        Ok(Self { pool })
+        Ok(Self { pool, guard })
     }
 
     /// A store over a pool built elsewhere, taken as it is (none of the
-    /// settings `connect_lazy` applies).
+    /// settings `connect_lazy` applies; the claims still leave a quarter
+    /// of its connections free).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        let guard = Guard::new(pool.options().get_max_connections());
+        Self { pool, guard }
+    }
+
+    /// A claim statement's share of the pool (see [`Guard`]).
+    pub(super) async fn claim_permit(&self) -> SemaphorePermit<'_> {
+        // Never closed, so acquiring cannot fail.
+        self.guard
+            .claims
+            .acquire()
+            .await
+            .expect("the claim semaphore is never closed")
+    }
+
+    /// Notes an error met by a statement: after a read-only answer, the
+    /// pool's connections are replaced as they are next taken.
+    pub(super) fn saw(&self, e: &StoreError) {
+        if e.is_read_only() {
+            *self
+                .guard
+                .read_only_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        }
     }
 
     /// The pool itself, for statements outside this module (the scenario
@@ -75,9 +155,21 @@ impl Store {
         }
     }
 
-    /// One trivial query: is PostgreSQL reachable right now?
+    /// Can PostgreSQL take dedupq's writes right now? Reachable is not
+    /// enough: a standby after a failover, or a database or role set
+    /// `default_transaction_read_only`, answers reads and refuses every
+    /// claim. Such a server is reported as the error a write would meet
+    /// (SQLSTATE 25006), and the pool replaces its connections.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        let read_only: String =
+            sqlx::query_scalar("SELECT current_setting('transaction_read_only')")
+                .fetch_one(&self.pool)
+                .await?;
+        if read_only == "on" {
+            let e = StoreError::ReadOnly;
+            self.saw(&e);
+            return Err(e);
+        }
         Ok(())
     }
 }

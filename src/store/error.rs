@@ -3,21 +3,39 @@
 
 /// Why a statement against the key table failed. [`StoreError::is_transient`]
 /// tells the errors worth waiting out from the rest.
+///
+/// The rule is turned towards keeping money safe: only an error that
+/// belongs to one row (a value PostgreSQL cannot store) is final for that
+/// row. Everything else (a read-only server after a failover, a statement
+/// or lock timeout, a full disk, too many connections, an internal error,
+/// a code this build does not know) is an outage: wait, retry, commit
+/// nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database could not be reached or went away: pause and retry.
     #[error("PostgreSQL is unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// PostgreSQL answered, but cannot do the work now: read-only (a
+    /// standby, `default_transaction_read_only`, storage-full protection),
+    /// a statement or lock timeout, out of disk, memory or connections, an
+    /// internal error, or any SQLSTATE not known to belong to one row.
+    /// Pause and retry, like `Unavailable`.
+    #[error("PostgreSQL cannot take the statement now{}", sqlstate_suffix(.0))]
+    Outage(#[source] sqlx::Error),
+    /// The readiness probe found the server taking no writes
+    /// (`transaction_read_only` is on), as every write would (25006).
+    #[error("PostgreSQL takes no writes: transaction_read_only is on (SQLSTATE 25006)")]
+    ReadOnly,
     /// A concurrent transaction got in the way (deadlock, serialization):
     /// retrying the same statement is safe.
     #[error("PostgreSQL aborted the statement because of a concurrent writer")]
     Contention(#[source] sqlx::Error),
-    /// PostgreSQL refused the statement for another reason (a value it
-    /// cannot store). Not transient: the
-    /// engine splits a refused batch into single rows, so only the message
-    /// PostgreSQL cannot take is given up.
-    #[error("a statement against the key table failed")]
-    Query(#[source] sqlx::Error),
+    /// PostgreSQL refused a value of the statement itself: a data exception
+    /// (class 22), an integrity violation (class 23) or a program limit
+    /// (class 54). Final for the row: the engine splits a refused batch into
+    /// single rows, so only the message PostgreSQL cannot take is given up.
+    #[error("PostgreSQL refused a row{}", sqlstate_suffix(.0))]
+    Rejected(#[source] sqlx::Error),
     /// Applying the migrations failed other than for want of privileges
     /// (see `NeedsOwner`). Not retried: start-up or `dedupq migrate` stops.
     #[error("applying the schema migrations failed")]
@@ -74,8 +92,105 @@ pub enum StoreError {
 impl StoreError {
     /// True when the same call may succeed later without any change.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::Contention(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_)
+                | StoreError::Outage(_)
+                | StoreError::ReadOnly
+                | StoreError::Contention(_)
+        )
     }
+
+    /// PostgreSQL's SQLSTATE, when the server answered with one.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            StoreError::Unavailable(e)
+            | StoreError::Outage(e)
+            | StoreError::Contention(e)
+            | StoreError::Rejected(e)
+            | StoreError::NeedsOwner { source: e, .. } => code_of(e),
+            StoreError::ReadOnly => Some(READ_ONLY.into()),
+            _ => None,
+        }
+    }
+
+    /// The `class` label of `dedupq_store_errors_total`: the SQLSTATE's
+    /// class (`25` read-only, `57` timeouts, `53` resources, …), or what
+    /// failed without one (`connection`, `pool`, `other`). Few values.
+    pub fn class(&self) -> &'static str {
+        if let Some(code) = self.sqlstate() {
+            return sqlstate_class(&code);
+        }
+        match self {
+            StoreError::Unavailable(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => "pool",
+            StoreError::Unavailable(_) => "connection",
+            _ => "other",
+        }
+    }
+
+    /// A wait for a row lock ran out (`lock_not_available`), or the
+    /// statement was cancelled by a timeout while it may have been waiting
+    /// for one (`query_canceled`): the store looks for the rows another
+    /// transaction holds and leaves only those behind.
+    pub fn is_lock_wait(&self) -> bool {
+        matches!(
+            self.sqlstate().as_deref(),
+            Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED)
+        )
+    }
+
+    /// The server takes no writes (`read_only_sql_transaction`): a standby
+    /// after a failover, `default_transaction_read_only`, storage-full
+    /// protection. The pool's connections are replaced, since a session
+    /// stays read-only (or on the old primary) for as long as it lives.
+    pub fn is_read_only(&self) -> bool {
+        self.sqlstate().as_deref() == Some(READ_ONLY)
+    }
+}
+
+/// `read_only_sql_transaction`.
+const READ_ONLY: &str = "25006";
+/// `lock_not_available`: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// `query_canceled`: `statement_timeout` ran out (or a cancel request).
+const QUERY_CANCELED: &str = "57014";
+
+fn code_of(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+fn sqlstate_suffix(e: &sqlx::Error) -> String {
+    code_of(e).map_or_else(String::new, |c| format!(" (SQLSTATE {c})"))
+}
+
+/// The label of a SQLSTATE's class. Known classes by name, so the label
+/// set stays small whatever a server answers.
+fn sqlstate_class(code: &str) -> &'static str {
+    match code.get(..2) {
+        Some("08") => "08",
+        Some("22") => "22",
+        Some("23") => "23",
+        Some("25") => "25",
+        Some("40") => "40",
+        Some("42") => "42",
+        Some("53") => "53",
+        Some("54") => "54",
+        Some("55") => "55",
+        Some("57") => "57",
+        Some("58") => "58",
+        Some("XX") => "XX",
+        _ => "other",
+    }
+}
+
+/// The classes whose errors belong to the row a statement tried to
+/// write, not to the server: data exceptions, integrity violations,
+/// program limits.
+fn belongs_to_the_row(code: &str) -> bool {
+    matches!(code.get(..2), Some("22" | "23" | "54"))
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -83,21 +198,50 @@ impl From<sqlx::Error> for StoreError {
         match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e),
             sqlx::Error::Database(db) => match db.code().as_deref() {
-                // deadlock_detected, serialization_failure
-                Some("40P01") | Some("40001") => StoreError::Contention(e),
+                // deadlock_detected, serialization_failure, and a unique
+                // violation (a racing insert of the same key): the same
+                // statement may be run again.
+                Some("40P01") | Some("40001") | Some("23505") => StoreError::Contention(e),
                 // admin_shutdown, crash_shutdown, cannot_connect_now, connection_* (08…)
                 Some(code)
                     if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") =>
                 {
                     StoreError::Unavailable(e)
                 }
-                _ => StoreError::Query(e),
+                Some(code) if belongs_to_the_row(code) => StoreError::Rejected(e),
+                // Read-only, timeouts, resources, internal errors, and any
+                // code not known: never final for a payment.
+                _ => StoreError::Outage(e),
             },
-            _ => StoreError::Query(e),
+            // Anything else (a column that does not decode, a type the
+            // server does not know) says nothing about one row either.
+            _ => StoreError::Outage(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_errors_of_a_row_are_final_and_every_other_code_is_an_outage() {
+        for code in ["22P05", "22001", "23502", "23514", "54000"] {
+            assert!(belongs_to_the_row(code), "{code}");
+        }
+        for code in [
+            "25006", "57014", "55P03", "40003", "53100", "53200", "53300", "58030", "XX000",
+            "42P01", "0A000", "ZZ999",
+        ] {
+            assert!(!belongs_to_the_row(code), "{code}");
+        }
+        assert_eq!(sqlstate_class("25006"), "25");
+        assert_eq!(sqlstate_class("ZZ999"), "other");
+        assert_eq!(sqlstate_class("X"), "other");
     }
 }

@@ -157,6 +157,20 @@ impl Finish {
     }
 }
 
+/// What became of one finish write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Stored.
+    Landed,
+    /// The epoch no longer matches (or the key is finished): another
+    /// worker owns the key; the writer lost its lease and must not commit
+    /// or ack.
+    Fenced,
+    /// Another transaction holds the row past `store.lock_timeout`:
+    /// nothing written; write it again later.
+    Locked,
+}
+
 /// One write of a finish batch: a claim's end, fenced by its epoch.
 pub struct FinishWrite<'a> {
     /// The key whose claim ends.
@@ -170,12 +184,32 @@ pub struct FinishWrite<'a> {
 
 impl Store {
     /// Applies every write in one round trip. Returns, in input order,
-    /// whether each write landed; `false` means the epoch no longer matches
-    /// (fenced): the caller lost the lease and must not commit or ack.
-    pub async fn finish_batch(&self, writes: &[FinishWrite<'_>]) -> Result<Vec<bool>, StoreError> {
+    /// what became of each write (see [`Written`]); a row another
+    /// transaction holds does not hold back the others.
+    pub async fn finish_batch(
+        &self,
+        writes: &[FinishWrite<'_>],
+    ) -> Result<Vec<Written>, StoreError> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
+        let ids: Vec<&Identity> = writes.iter().map(|w| w.identity).collect();
+        self.around_locks(
+            &ids,
+            || Written::Locked,
+            |subset| async move {
+                let some: Vec<&FinishWrite<'_>> = subset.iter().map(|&i| &writes[i]).collect();
+                let landed = self.finish_statement(&some).await?;
+                Ok(landed
+                    .into_iter()
+                    .map(|l| if l { Written::Landed } else { Written::Fenced })
+                    .collect())
+            },
+        )
+        .await
+    }
+
+    async fn finish_statement(&self, writes: &[&FinishWrite<'_>]) -> Result<Vec<bool>, StoreError> {
         let order = sorted_order(writes, |w| {
             (w.identity.tenant.as_str(), w.identity.key.as_str())
         });
@@ -221,7 +255,8 @@ impl Store {
             .bind(&holds)
             .bind(&refunds)
             .fetch_all(self.pool())
-            .await?;
+            .await
+            .map_err(|e| self.noted(e))?;
         let mut landed = vec![false; n];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;

@@ -44,17 +44,51 @@ WHERE k.tenant = d.tenant AND k.key = d.key
   AND (k.status IN ('done', 'failed'))
 "#;
 
+/// What a lease renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// Extended: the claim is still this worker's.
+    Held,
+    /// The epoch moved on (or the key finished): the claim is gone.
+    Lost,
+    /// Another transaction holds the row past `store.lock_timeout`: not
+    /// extended this time, and not lost either.
+    Locked,
+}
+
 impl Store {
     /// Extends the leases of running claims in one round trip. Returns, in
-    /// input order, whether each lease is still held.
+    /// input order, what became of each (see [`Renewed`]); a row another
+    /// transaction holds does not hold back the others.
     pub async fn renew_leases(
         &self,
         claims: &[(&Identity, Epoch)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Renewed>, StoreError> {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
+        let ids: Vec<&Identity> = claims.iter().map(|(id, _)| *id).collect();
+        self.around_locks(
+            &ids,
+            || Renewed::Locked,
+            |subset| async move {
+                let some: Vec<(&Identity, Epoch)> = subset.iter().map(|&i| claims[i]).collect();
+                let held = self.renew_statement(&some, lease).await?;
+                Ok(held
+                    .into_iter()
+                    .map(|h| if h { Renewed::Held } else { Renewed::Lost })
+                    .collect())
+            },
+        )
+        .await
+    }
+
+    async fn renew_statement(
+        &self,
+        claims: &[(&Identity, Epoch)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
         let order = sorted_order(claims, |(id, _)| (id.tenant.as_str(), id.key.as_str()));
         let tenants: Vec<&str> = order.iter().map(|&i| claims[i].0.tenant.as_str()).collect();
         let keys: Vec<&str> = order.iter().map(|&i| claims[i].0.key.as_str()).collect();
@@ -65,7 +99,8 @@ impl Store {
             .bind(&epochs)
             .bind(secs(lease))
             .fetch_all(self.pool())
-            .await?;
+            .await
+            .map_err(|e| self.noted(e))?;
         let mut held = vec![false; claims.len()];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;

@@ -53,6 +53,11 @@ impl Store {
     /// without DDL rights gets through.
     pub async fn migrate(&self, schema: Option<&str>) -> Result<(), StoreError> {
         let mut conn = self.pool().acquire().await?;
+        // Schema changes wait for their table locks (and instances for the
+        // migration lock) as long as it takes, not store.lock_timeout.
+        sqlx::query("SET lock_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
         #[cfg(not(feature = "broken-no-migrate-lock"))]
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(MIGRATE_LOCK)
@@ -126,7 +131,8 @@ async fn release(mut conn: PoolConnection<Postgres>, ok: bool) {
             .bind(MIGRATE_LOCK)
             .execute(&mut *conn)
             .await;
-        if unlocked.is_ok() {
+        let reset = sqlx::query("RESET lock_timeout").execute(&mut *conn).await;
+        if unlocked.is_ok() && reset.is_ok() {
             return;
         }
     }

@@ -54,7 +54,7 @@ impl Store {
         owner: &str,
     ) -> Result<TxClaim, StoreError> {
         let id = request.identity;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.map_err(|e| self.noted(e))?;
         let inserted = sqlx::query(TX_CLAIM_SQL)
             .bind(id.tenant.as_str())
             .bind(id.key.as_str())
@@ -65,7 +65,14 @@ impl Store {
             .bind(request.content_type)
             .bind(request.derived_key)
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            .map_err(|e| self.noted(e));
+        let inserted = match inserted {
+            // A concurrent duplicate's transaction holds the key longer than
+            // store.lock_timeout: it is in flight; look again later.
+            Err(e) if e.is_lock_wait() => return Ok(TxClaim::Settled(ClaimResult::Locked)),
+            other => other?,
+        };
         if inserted.is_some() {
             return Ok(TxClaim::Owned(tx));
         }

@@ -2,7 +2,7 @@ use crate::support::{self, handlers::Recording};
 use dedupq::config::IdentitySettings;
 use dedupq::engine::{Outcome, Parser};
 use dedupq::identity::Epoch;
-use dedupq::store::{Answer, Claim, ClaimResult, Finish, FinishWrite, KeyStatus};
+use dedupq::store::{Answer, Claim, ClaimResult, Finish, FinishWrite, KeyStatus, Written};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +73,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
         }])
         .await
         .unwrap();
-    assert_eq!(late, vec![false], "a stale epoch must not land");
+    assert_eq!(late, vec![Written::Fenced], "a stale epoch must not land");
 
     let taken = tokio::time::timeout(Duration::from_secs(10), retrying)
         .await

@@ -72,11 +72,11 @@ async fn postgres_stopped_for_ten_seconds_mid_stream_commits_nothing_loses_nothi
 
     services("stop");
     let _restore = Restore;
-    let errors_before = e.metrics().store_errors.get();
+    let errors_before = e.metrics().store_errors_total();
     eventually(
         Duration::from_secs(10),
         "engine sees the outage",
-        || async { (e.metrics().store_errors.get() > errors_before).then_some(()) },
+        || async { (e.metrics().store_errors_total() > errors_before).then_some(()) },
     )
     .await;
     // Outcomes stored just before the stop may still be committing; wait
