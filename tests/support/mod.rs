@@ -8,6 +8,7 @@ pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;
 pub mod payments;
+pub mod pg_faults;
 pub mod process;
 pub mod provider_api;
 pub mod rabbit_management;

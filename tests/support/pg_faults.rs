@@ -1,0 +1,143 @@
+//! A PostgreSQL that misbehaves for one test only: a login role of its
+//! own, which the test turns read-only (as after a failover to a standby),
+//! gives a statement timeout, or cuts off. Other tests, on other roles,
+//! never notice.
+
+use super::{database_url, unique};
+use dedupq::config::{SecretUrl, StoreSettings};
+use sqlx::{Executor, PgPool};
+
+pub struct FaultyRole {
+    pub name: String,
+    password: String,
+    admin: PgPool,
+}
+
+impl FaultyRole {
+    /// A superuser role (it needs no grants on the test's schema; a
+    /// superuser still obeys `default_transaction_read_only` and
+    /// `statement_timeout`).
+    pub async fn create() -> Self {
+        let admin = PgPool::connect(&database_url()).await.expect("admin pool");
+        let (name, password) = (unique("dq_faulty"), unique("pw"));
+        admin
+            .execute(format!("CREATE ROLE {name} LOGIN SUPERUSER PASSWORD '{password}'").as_str())
+            .await
+            .expect("create role");
+        Self {
+            name,
+            password,
+            admin,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{}:{}@127.0.0.1:5432/postgres",
+            self.name, self.password
+        )
+    }
+
+    /// `settings` pointed at this role.
+    pub fn store_settings(&self, settings: &StoreSettings) -> StoreSettings {
+        StoreSettings {
+            url: SecretUrl::new(self.url()),
+            ..settings.clone()
+        }
+    }
+
+    /// As a failover to a standby looks to a client: every session of the
+    /// role is cut, and the new ones take no writes (SQLSTATE 25006).
+    pub async fn fail_over_to_read_only(&self) {
+        self.set("default_transaction_read_only", Some("on")).await;
+        self.cut_sessions().await;
+    }
+
+    /// The database takes writes again, for new sessions only: sessions
+    /// opened while it was read-only stay read-only until the client
+    /// replaces them (as sessions on a demoted primary would).
+    pub async fn writable_again(&self) {
+        self.set("default_transaction_read_only", None).await;
+    }
+
+    /// `statement_timeout` for the role's new sessions (None: off), and
+    /// the current sessions cut so that the new value applies at once.
+    pub async fn statement_timeout(&self, ms: Option<u64>) {
+        let value = ms.map(|ms| format!("{ms}"));
+        self.set("statement_timeout", value.as_deref()).await;
+        self.cut_sessions().await;
+    }
+
+    async fn set(&self, setting: &str, value: Option<&str>) {
+        let sql = match value {
+            Some(v) => format!("ALTER ROLE {} SET {setting} = '{v}'", self.name),
+            None => format!("ALTER ROLE {} RESET {setting}", self.name),
+        };
+        self.admin.execute(sql.as_str()).await.expect("alter role");
+    }
+
+    /// Terminates every session of the role.
+    pub async fn cut_sessions(&self) {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1")
+            .bind(&self.name)
+            .execute(&self.admin)
+            .await
+            .expect("terminate the role's sessions");
+    }
+
+    /// Sessions of the role now.
+    pub async fn sessions(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+            .bind(&self.name)
+            .fetch_one(&self.admin)
+            .await
+            .expect("count sessions")
+    }
+
+    pub async fn drop(self) {
+        self.set("default_transaction_read_only", None).await;
+        self.cut_sessions().await;
+        // Sessions may take a moment to end; a role with sessions cannot go.
+        for _ in 0..50 {
+            let dropped = self
+                .admin
+                .execute(format!("DROP ROLE IF EXISTS {}", self.name).as_str())
+                .await;
+            if dropped.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A row lock held from another session, as an operator's `SELECT … FOR
+/// UPDATE` in psql would, until released (or dropped).
+pub struct RowLock {
+    tx: Option<sqlx::Transaction<'static, sqlx::Postgres>>,
+}
+
+impl RowLock {
+    /// Locks the key's row in `schema` (it must exist).
+    pub async fn take(schema: &str, tenant: &str, key: &str) -> Self {
+        let pool = PgPool::connect(&database_url()).await.expect("lock pool");
+        let mut tx = pool.begin().await.expect("begin");
+        let sql = format!(
+            "SELECT 1 FROM \"{schema}\".dedupq_keys WHERE tenant = $1 AND key = $2 FOR UPDATE"
+        );
+        let locked: Option<i32> = sqlx::query_scalar(&sql)
+            .bind(tenant)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .expect("lock the row");
+        assert!(locked.is_some(), "no row {tenant}/{key} to lock");
+        Self { tx: Some(tx) }
+    }
+
+    pub async fn release(mut self) {
+        if let Some(tx) = self.tx.take() {
+            tx.rollback().await.expect("release the row lock");
+        }
+    }
+}
