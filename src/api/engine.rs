@@ -13,8 +13,9 @@ use crate::metrics::Metrics;
 use crate::store::{KeyState, KeyStatus, Store, StoredResult};
 use axum::body::Bytes;
 use chrono::{DateTime, Utc};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One authenticated request with its key, before any claim.
@@ -118,6 +119,29 @@ pub struct Gate {
     store: Store,
     tenant_header: Arc<str>,
     next_request: Arc<AtomicU64>,
+    /// Keys this process is deciding for a sync request right now: a
+    /// concurrent retry of one of them shares that claim (and is answered
+    /// 409) instead of queueing a claim of its own on the same row.
+    deciding: Arc<Mutex<HashSet<Identity>>>,
+}
+
+/// How soon a retry of a key that this process is deciding is invited.
+const SHARED_CLAIM_RETRY: Duration = Duration::from_secs(1);
+
+/// Holds a key in [`Gate::deciding`] while its request is decided.
+struct Deciding<'a> {
+    set: &'a Mutex<HashSet<Identity>>,
+    identity: Identity,
+}
+
+impl Drop for Deciding<'_> {
+    fn drop(&mut self) {
+        lock(self.set).remove(&self.identity);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Gate {
@@ -138,6 +162,7 @@ impl Gate {
             store,
             tenant_header: name.as_str().into(),
             next_request: Arc::new(AtomicU64::new(1)),
+            deciding: Arc::default(),
         })
     }
 
@@ -186,8 +211,23 @@ impl Gate {
         }
     }
 
-    /// Sync routes: claim, run the handler, store, in the engine.
+    /// Sync routes: claim, run the handler, store, in the engine. One
+    /// claim per key at a time in this process: a retry of a key already
+    /// being decided here is answered in flight at once, without taking a
+    /// connection (a row locked elsewhere, or a slow handler, can then
+    /// never fill the pool with waiting claims of one key).
     pub async fn decide(&self, checked: Checked) -> Verdict {
+        let fresh = lock(&self.deciding).insert(checked.identity.clone());
+        if !fresh {
+            self.count(Outcome::InFlight);
+            return Verdict::InFlight {
+                retry_after: SHARED_CLAIM_RETRY,
+            };
+        }
+        let _deciding = Deciding {
+            set: &self.deciding,
+            identity: checked.identity.clone(),
+        };
         let batch = std::slice::from_ref(&checked.incoming);
         let verdict = match self.pipeline.process(batch).await {
             Ok(mut decisions) => match decisions.pop() {

@@ -10,3 +10,4 @@ mod support;
 
 mod common;
 mod read_only;
+mod row_locks;

@@ -13,6 +13,7 @@ mod config;
 mod crash;
 mod cross_transport;
 mod requests;
+mod row_lock;
 mod seed;
 mod shutdown;
 mod webhooks;
