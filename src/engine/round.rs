@@ -7,7 +7,6 @@ use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::Incoming;
 use super::record::claim_label;
 use crate::store::{ClaimRequest, ClaimResult, StoreError, StoredResult};
-use chrono::Utc;
 use tracing::Instrument;
 
 /// A claim's result, or the dead letter of a message PostgreSQL refused.
@@ -64,15 +63,12 @@ impl Engine {
                     reply: Some(StoredResult::unknown()),
                 },
             ),
-            ClaimResult::Held { lease_until } => {
-                let left = (lease_until - Utc::now()).to_std().unwrap_or_default();
-                (
-                    Outcome::InFlight,
-                    Action::RetryLater {
-                        after: opts.backoff.for_held(left),
-                    },
-                )
-            }
+            ClaimResult::Held { lease_left } => (
+                Outcome::InFlight,
+                Action::RetryLater {
+                    after: opts.backoff.for_held(lease_left),
+                },
+            ),
             // Another transaction holds the row: only this key waits.
             ClaimResult::Locked => (
                 Outcome::InFlight,

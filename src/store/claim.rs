@@ -29,6 +29,10 @@ use std::time::Duration;
 /// exactly it. A takeover of a key whose outcome was unknown, or whose
 /// last attempt never wrote one (its worker died mid-call), marks the key
 /// uncertain: only a settling answer may end it.
+///
+/// Whether a lease is over, and how long it has left, is PostgreSQL's
+/// answer (`lease_over`, `lease_left` in seconds): the worker's clock may
+/// be off.
 const CLAIM_SQL: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
@@ -79,7 +83,8 @@ SELECT NULL::int8 AS ord, c.tenant, c.key,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
        c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
        NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
-       NULL::timestamptz AS lease_until, NULL::int4 AS attempts,
+       NULL::timestamptz AS lease_until, NULL::bool AS lease_over,
+       NULL::float8 AS lease_left, NULL::int4 AS attempts,
        NULL::int4 AS result_status, NULL::bytea AS result_body,
        NULL::text AS result_content_type
 FROM claimed c
@@ -88,7 +93,8 @@ SELECT u.ord, NULL, NULL,
        NULL, NULL, NULL,
        NULL, NULL, NULL, NULL,
        k.status, k.fingerprint, k.fingerprint_version,
-       k.lease_until, k.attempts,
+       k.lease_until, ((k.lease_until <= now()) IS TRUE),
+       extract(epoch FROM (k.lease_until - now()))::float8, k.attempts,
        k.result_status, k.result_body,
        k.result_content_type
 FROM unclaimed u
@@ -193,9 +199,10 @@ pub enum ClaimResult {
     Duplicate(StoredResult),
     /// Someone else holds a live lease on it.
     Held {
-        /// When the holder's lease ends (now, for a row without one): the
-        /// earliest a retry can take the key over.
-        lease_until: DateTime<Utc>,
+        /// What is left of the holder's lease by PostgreSQL's clock (zero
+        /// for a row without one): the earliest a retry can take the key
+        /// over.
+        lease_left: Duration,
     },
     /// Its outcome stayed unknown through every allowed attempt: held for
     /// an operator, never run again on its own.
@@ -356,7 +363,9 @@ pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimRe
     }
     let lease_until = row.try_get::<Option<DateTime<Utc>>, _>("lease_until")?;
     let open = matches!(status.as_str(), "in_progress" | "unknown");
-    let lease_over = lease_until.is_some_and(|t| t <= Utc::now());
+    let lease_over = row
+        .try_get::<Option<bool>, _>("lease_over")?
+        .unwrap_or(false);
     if open
         && lease_over
         && stored_version == LEGACY_VERSION
@@ -378,7 +387,10 @@ pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimRe
             attempts: row.try_get("attempts")?,
         },
         KeyStatus::InProgress | KeyStatus::Unknown => ClaimResult::Held {
-            lease_until: lease_until.unwrap_or_else(Utc::now),
+            lease_left: row
+                .try_get::<Option<f64>, _>("lease_left")?
+                .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+                .unwrap_or_default(),
         },
     })
 }

@@ -1,12 +1,14 @@
 //! Operator interventions on one key (`dedupq keys release|settle|reset`).
 //! Each runs in one transaction with the row locked, and writes an audit
-//! row with the row as it was.
+//! row with the row as it was. Whether a lease is live is PostgreSQL's
+//! answer, never the operator's clock: a CLI host running fast would
+//! release a live lease.
 
 use super::admin::{KeyRow, COLUMNS};
 use super::{KeyStatus, Store, StoreError};
 use crate::identity::Identity;
 use chrono::{DateTime, Utc};
-use sqlx::{Postgres, Transaction};
+use sqlx::{Postgres, Row, Transaction};
 
 /// What `release` found.
 #[derive(Debug)]
@@ -67,19 +69,17 @@ impl Store {
         force: bool,
     ) -> Result<Released, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let Some(before) = locked(&mut tx, id).await? else {
+        let Some((before, lease_live)) = locked(&mut tx, id).await? else {
             return Ok(Released::NotOpen);
         };
         if !matches!(before.status, KeyStatus::InProgress | KeyStatus::Unknown) {
             return Ok(Released::NotOpen);
         }
-        if let Some(until) = before.lease_until.filter(|u| *u > Utc::now()) {
-            if !force {
-                return Ok(Released::LeaseLive {
-                    until,
-                    owner: before.owner.clone(),
-                });
-            }
+        if let Some(until) = before.lease_until.filter(|_| lease_live && !force) {
+            return Ok(Released::LeaseLive {
+                until,
+                owner: before.owner.clone(),
+            });
         }
         sqlx::query(
             "UPDATE dedupq_keys SET lease_until = now(), updated_at = now() \
@@ -105,11 +105,10 @@ impl Store {
         actor: &str,
     ) -> Result<Repaired, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let Some(before) = locked(&mut tx, id).await? else {
+        let Some((before, lease_live)) = locked(&mut tx, id).await? else {
             return Ok(Repaired::Absent);
         };
-        let held = before.lease_until.is_none_or(|u| u <= Utc::now());
-        if before.status != KeyStatus::Unknown || !held {
+        if before.status != KeyStatus::Unknown || lease_live {
             return Ok(Repaired::Refused(Box::new(before)));
         }
         let (status, code, body) = match settlement {
@@ -152,7 +151,7 @@ impl Store {
         actor: &str,
     ) -> Result<Repaired, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let Some(before) = locked(&mut tx, id).await? else {
+        let Some((before, _)) = locked(&mut tx, id).await? else {
             return Ok(Repaired::Absent);
         };
         if !matches!(before.status, KeyStatus::Done | KeyStatus::Failed) {
@@ -169,18 +168,25 @@ impl Store {
     }
 }
 
+/// The key row, locked, and whether its lease is live by PostgreSQL's
+/// clock (false for a row without one).
 async fn locked(
     tx: &mut Transaction<'_, Postgres>,
     id: &Identity,
-) -> Result<Option<KeyRow>, StoreError> {
-    let sql =
-        format!("SELECT {COLUMNS} FROM dedupq_keys WHERE tenant = $1 AND key = $2 FOR UPDATE");
-    let row = sqlx::query(&sql)
+) -> Result<Option<(KeyRow, bool)>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS}, ((lease_until > now()) IS TRUE) AS lease_live \
+         FROM dedupq_keys WHERE tenant = $1 AND key = $2 FOR UPDATE"
+    );
+    let Some(row) = sqlx::query(&sql)
         .bind(id.tenant.as_str())
         .bind(id.key.as_str())
         .fetch_optional(&mut **tx)
-        .await?;
-    row.as_ref().map(KeyRow::from_row).transpose()
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some((KeyRow::from_row(&row)?, row.try_get("lease_live")?)))
 }
 
 async fn audit(

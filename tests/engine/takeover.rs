@@ -140,3 +140,34 @@ async fn a_fenced_completion_is_reported_as_lease_lost_and_counted() {
     );
     assert_eq!(row.owner, "other");
 }
+
+/// A held key's time left is PostgreSQL's answer (what the backoff of an
+/// in-flight message is built on), not the lease end read against this
+/// worker's clock.
+#[tokio::test]
+async fn a_key_held_by_a_live_lease_tells_how_long_the_lease_has_left() {
+    let (store, _) = support::isolated_store().await;
+    let msg = support::message("acme", "pay-held", r#"{"amount": 5}"#);
+    let parsed = Parser::new(&IdentitySettings::default())
+        .parse(&msg)
+        .unwrap();
+    let lease = Duration::from_secs(20);
+    let request = support::claim_request(&parsed, &msg);
+    store
+        .claim_batch(&[request], "worker-1", lease)
+        .await
+        .unwrap();
+
+    let request = support::claim_request(&parsed, &msg);
+    let held = store
+        .claim_batch(&[request], "worker-2", lease)
+        .await
+        .unwrap();
+    let [ClaimResult::Held { lease_left }] = held[..] else {
+        panic!("{held:?}")
+    };
+    assert!(
+        lease_left > Duration::from_secs(15) && lease_left <= lease,
+        "{lease_left:?} of a 20 s lease just taken"
+    );
+}

@@ -5,6 +5,7 @@
 mod support;
 
 mod alerts_runbook;
+mod cli_clock_skew;
 mod compose;
 mod dlq_amqp;
 mod dlq_kafka;

@@ -44,7 +44,25 @@ pub fn run(config: &PathBuf, args: &[&str], env: &[(&str, &str)]) -> Ran {
     for (k, v) in env {
         command.env(k, v);
     }
-    let out = command.output().expect("run dedupq");
+    ran(command.output().expect("run dedupq"))
+}
+
+/// `dedupq --config <config> <args…>` on a host whose clock is `offset`
+/// from the real one (libfaketime, e.g. "+30s"). Only the wall clock is
+/// faked: tokio's timers run on the monotonic clock, left alone.
+pub fn run_skewed(config: &PathBuf, offset: &str, args: &[&str]) -> Ran {
+    let mut command = Command::new("faketime");
+    command
+        .args(["-f", offset, env!("CARGO_BIN_EXE_dedupq"), "--config"])
+        .arg(config)
+        .args(args)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    ran(command
+        .output()
+        .expect("run dedupq under faketime (scripts/services up installs it)"))
+}
+
+fn ran(out: std::process::Output) -> Ran {
     Ran {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
