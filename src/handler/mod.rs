@@ -239,6 +239,7 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 mod http;
+mod lookup;
 
 pub use http::{HttpHandler, HttpHandlerError};
 
