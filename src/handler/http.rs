@@ -54,8 +54,9 @@ pub mod header {
 ///   [`HandlerOutcome::Unknown`], because the provider may have acted.
 ///
 /// After an uncertain attempt, `handler.lookup_url` (when set) is asked
-/// first whether the earlier request took effect; a 200 settles the key as
-/// done without sending it again.
+/// first whether the earlier request took effect; a 200 that names the
+/// derived key settles the key as done without sending it again (see
+/// `handler/lookup.rs`).
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,

@@ -1,11 +1,20 @@
 //! `handler.lookup_url`: before a key whose earlier attempt may have
 //! charged is sent again, the provider is asked whether that attempt took
 //! effect. A found charge settles the key `done` without a second request.
+//!
+//! Found means a 200 that names the derived key: its body is JSON holding
+//! the key as a string value, at any depth (a member's value or an array
+//! element, e.g. `"idempotency_key": "acme:pay-1"`; a member's name does
+//! not count). A 200 for every key (a URL one path segment off, such as a
+//! listing answering an empty list) would otherwise record payments that
+//! were never made. Any other answer finds nothing: the request is sent
+//! again with the same derived key, and the provider's idempotency decides.
 
 use super::{HandlerCall, HandlerOutcome, HandlerResult};
 use crate::config::HandlerSettings;
 use reqwest::header::{HeaderMap, CONTENT_TYPE};
 use reqwest::{Response, StatusCode};
+use serde_json::Value;
 use std::time::Duration;
 
 /// The lookup of `handler.lookup_url`, asked through the handler's own
@@ -38,11 +47,20 @@ impl Lookup {
     /// settles the key; None: unknown or not found, send the request.
     pub(super) async fn ask(&self, call: &HandlerCall<'_>) -> Option<HandlerOutcome> {
         match self.get(call.derived_key).await {
-            Ok(r) if r.status() == StatusCode::OK => {
-                let result = read(r, self.max_response_bytes).await.ok()?;
-                tracing::info!(identity = %call.identity, "lookup found the charge; settling the key");
-                Some(HandlerOutcome::Success(result))
-            }
+            Ok(r) if r.status() == StatusCode::OK => match read(r, self.max_response_bytes).await {
+                Ok(Some(result)) if names_key(&result.body, call.derived_key) => {
+                    tracing::info!(identity = %call.identity, "lookup found the charge; settling the key");
+                    Some(HandlerOutcome::Success(result))
+                }
+                Ok(_) => {
+                    tracing::warn!(identity = %call.identity, "lookup fault: a 200 that does not name the derived key is no charge found (check handler.lookup_url); sending the request again");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(identity = %call.identity, error = %e.without_url(), "lookup answer broke off; sending the request again");
+                    None
+                }
+            },
             Ok(r) => {
                 tracing::info!(identity = %call.identity, status = %r.status(), "lookup found no charge; sending the request again");
                 None
@@ -67,8 +85,25 @@ impl Lookup {
     }
 }
 
-/// The answer's status and body; a body longer than `limit` is dropped.
-async fn read(mut response: Response, limit: usize) -> Result<HandlerResult, reqwest::Error> {
+/// Whether `body` is JSON holding `key` as a string value, at any depth.
+fn names_key(body: &[u8], key: &str) -> bool {
+    fn holds(value: &Value, key: &str) -> bool {
+        match value {
+            Value::String(s) => s == key,
+            Value::Array(items) => items.iter().any(|v| holds(v, key)),
+            Value::Object(members) => members.values().any(|v| holds(v, key)),
+            _ => false,
+        }
+    }
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| holds(&v, key))
+}
+
+/// The answer's status and body; None if the body is longer than `limit`
+/// (it could not be stored, so it cannot settle the key).
+async fn read(
+    mut response: Response,
+    limit: usize,
+) -> Result<Option<HandlerResult>, reqwest::Error> {
     let status = i32::from(response.status().as_u16());
     let content_type = response
         .headers()
@@ -78,22 +113,38 @@ async fn read(mut response: Response, limit: usize) -> Result<HandlerResult, req
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
         if body.len() + chunk.len() > limit {
-            tracing::warn!(
-                status,
-                limit,
-                "lookup answer too long; its body is not kept"
-            );
-            return Ok(HandlerResult {
-                status,
-                body: Vec::new(),
-                content_type: None,
-            });
+            tracing::warn!(status, limit, "lookup answer too long to store");
+            return Ok(None);
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(HandlerResult {
+    Ok(Some(HandlerResult {
         status,
         body,
         content_type,
-    })
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_key;
+
+    #[test]
+    fn only_a_json_body_holding_the_derived_key_as_a_string_names_it() {
+        let key = "acme:pay-1";
+        for (body, named) in [
+            (r#"{"id":"ch_1","idempotency_key":"acme:pay-1"}"#, true),
+            (r#"{"charges":[{"key":"acme:pay-1"}]}"#, true),
+            (r#"["acme:pay-1"]"#, true),
+            (r#"{"count":0,"charges":[]}"#, false),
+            (r#"{"idempotency_key":"acme:pay-2"}"#, false),
+            (r#"{"idempotency_key":"acme:pay-10"}"#, false),
+            (r#"{"idempotency_key":"ACME:PAY-1"}"#, false),
+            (r#"{"acme:pay-1":true}"#, false),
+            ("acme:pay-1", false),
+            ("", false),
+        ] {
+            assert_eq!(names_key(body.as_bytes(), key), named, "{body}");
+        }
+    }
 }
