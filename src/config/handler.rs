@@ -128,7 +128,8 @@ pub struct HandlerSettings {
     /// (e.g. `"idempotency_key": "acme:pay-1"`). A 200 that does not name
     /// it is a lookup fault (logged) and settles nothing; then, as after a
     /// 404 (no charge) or no answer, the request is sent again with the
-    /// same derived key.
+    /// same derived key. Checked at start-up: a lookup that answers 200 for
+    /// a key never charged stops it; one not reachable then does not.
     pub lookup_url: Option<String>,
     /// PEM file of the CA that signs the target's certificate (added to
     /// the system roots).

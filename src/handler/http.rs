@@ -61,7 +61,7 @@ pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
     routes: Vec<(HandlerRoute, reqwest::Url)>,
-    lookup: Option<Lookup>,
+    pub(super) lookup: Option<Lookup>,
     timeout: Duration,
     key_header: HeaderName,
     static_headers: HeaderMap,

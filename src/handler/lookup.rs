@@ -9,8 +9,13 @@
 //! listing answering an empty list) would otherwise record payments that
 //! were never made. Any other answer finds nothing: the request is sent
 //! again with the same derived key, and the provider's idempotency decides.
+//!
+//! At start-up the lookup is asked once for a key that was never charged:
+//! a 200 (whatever its body) shows it does not look charges up by key, and
+//! dedupq refuses to start. A lookup that cannot be reached then does not
+//! stop start-up: the provider may be down for a moment.
 
-use super::{HandlerCall, HandlerOutcome, HandlerResult};
+use super::{HandlerCall, HandlerOutcome, HandlerResult, HttpHandler, HttpHandlerError};
 use crate::config::HandlerSettings;
 use reqwest::header::{HeaderMap, CONTENT_TYPE};
 use reqwest::{Response, StatusCode};
@@ -72,6 +77,29 @@ impl Lookup {
         }
     }
 
+    /// Asks for a key that cannot have been charged; a 200 is refused.
+    async fn probe(&self) -> Result<(), HttpHandlerError> {
+        let key = format!("dedupq-probe-{:032x}", rand::random::<u128>());
+        match self.get(&key).await {
+            Ok(r) if r.status() == StatusCode::OK => Err(HttpHandlerError::Config {
+                setting: "lookup_url",
+                problem: format!(
+                    "answers 200 for a key that was never charged ({key}): it does not look \
+                     charges up by key. Fix: point it at the provider's lookup of one charge, \
+                     with {{derived_key}} where the key goes"
+                ),
+            }),
+            Ok(r) => {
+                tracing::info!(status = %r.status(), "handler.lookup_url finds no charge for a key never used");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e.without_url(), "handler.lookup_url could not be checked (no answer); starting anyway");
+                Ok(())
+            }
+        }
+    }
+
     /// `GET` of the lookup URL with `{derived_key}` replaced by `key`,
     /// URL-encoded.
     async fn get(&self, key: &str) -> reqwest::Result<Response> {
@@ -82,6 +110,18 @@ impl Lookup {
             .headers(self.headers.clone())
             .send()
             .await
+    }
+}
+
+impl HttpHandler {
+    /// Asks `handler.lookup_url` (if set) once for a key that was never
+    /// charged: Err if it answers 200. Unreachable or any other status:
+    /// Ok. [`from_settings`](super::from_settings) calls it at start-up.
+    pub async fn check_lookup(&self) -> Result<(), HttpHandlerError> {
+        match &self.lookup {
+            Some(lookup) => lookup.probe().await,
+            None => Ok(()),
+        }
     }
 }
 
