@@ -35,12 +35,13 @@ pub struct Application {
 }
 
 impl Application {
-    /// Serves the operator endpoints at once (so probes answer while
-    /// PostgreSQL is still unreachable), then prepares the store as
-    /// `store.migrate` says, waiting for PostgreSQL, and the engine with
-    /// the configured handler.
+    /// Builds the configured handler (refusing a `handler.lookup_url` that
+    /// answers 200 for a key never charged), serves the operator endpoints
+    /// (so probes answer while PostgreSQL is still unreachable), then
+    /// prepares the store as `store.migrate` says, waiting for PostgreSQL,
+    /// and the engine with the handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let handler = handler::from_settings(&settings.handler)?;
+        let handler = handler::from_settings(&settings.handler).await?;
         Self::build_with_handler(settings, handler).await
     }
 

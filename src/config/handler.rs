@@ -122,8 +122,14 @@ pub struct HandlerSettings {
     /// `url`.
     pub routes: Vec<HandlerRoute>,
     /// Asked before retrying a key whose earlier attempt may have charged:
-    /// `{derived_key}` is replaced by the key. 200 settles the key `done`
-    /// with that answer; 404 means no charge, so the request is sent again.
+    /// `{derived_key}` is replaced by the URL-encoded key. A 200 settles
+    /// the key `done` with that answer only if it names the key: its body
+    /// is JSON holding the derived key as a string value, at any depth
+    /// (e.g. `"idempotency_key": "acme:pay-1"`). A 200 that does not name
+    /// it is a lookup fault (logged) and settles nothing; then, as after a
+    /// 404 (no charge) or no answer, the request is sent again with the
+    /// same derived key. Checked at start-up: a lookup that answers 200 for
+    /// a key never charged stops it; one not reachable then does not.
     pub lookup_url: Option<String>,
     /// PEM file of the CA that signs the target's certificate (added to
     /// the system roots).

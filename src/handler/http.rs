@@ -11,6 +11,7 @@
 //! drop the body) and, like 401/403/404/405, mean dedupq is misconfigured:
 //! a fault, never the payment's outcome.
 
+use super::lookup::Lookup;
 use super::{FaultReason, Handler, HandlerCall, HandlerOutcome, HandlerResult};
 use crate::config::{HandlerRoute, HandlerSettings};
 use crate::message::Source;
@@ -53,13 +54,14 @@ pub mod header {
 ///   [`HandlerOutcome::Unknown`], because the provider may have acted.
 ///
 /// After an uncertain attempt, `handler.lookup_url` (when set) is asked
-/// first whether the earlier request took effect; a 200 settles the key as
-/// done without sending it again.
+/// first whether the earlier request took effect; a 200 that names the
+/// derived key settles the key as done without sending it again (see
+/// `handler/lookup.rs`).
 pub struct HttpHandler {
     client: reqwest::Client,
     url: reqwest::Url,
     routes: Vec<(HandlerRoute, reqwest::Url)>,
-    lookup_url: Option<String>,
+    pub(super) lookup: Option<Lookup>,
     timeout: Duration,
     key_header: HeaderName,
     static_headers: HeaderMap,
@@ -179,11 +181,13 @@ impl HttpHandler {
             })?;
             builder = builder.identity(identity);
         }
+        let client = builder.build().map_err(HttpHandlerError::Client)?;
+        let lookup = Lookup::new(s, &client, &static_headers);
         Ok(Self {
-            client: builder.build().map_err(HttpHandlerError::Client)?,
+            client,
             url,
             routes,
-            lookup_url: s.lookup_url.clone(),
+            lookup,
             timeout: s.timeout,
             key_header,
             static_headers,
@@ -244,37 +248,6 @@ impl HttpHandler {
             .unwrap_or_else(|| HeaderValue::from_static("application/json"));
         h.insert(CONTENT_TYPE, content_type);
         h
-    }
-
-    /// Asks the provider whether the uncertain attempt charged. Some(done)
-    /// settles the key; None: unknown or not found, send the request.
-    async fn look_up(&self, call: &HandlerCall<'_>) -> Option<HandlerOutcome> {
-        let template = self.lookup_url.as_ref()?;
-        let encoded: String =
-            url::form_urlencoded::byte_serialize(call.derived_key.as_bytes()).collect();
-        let url = template.replace("{derived_key}", &encoded);
-        let response = self
-            .client
-            .get(url)
-            .timeout(self.timeout)
-            .headers(self.static_headers.clone())
-            .send()
-            .await;
-        match response {
-            Ok(r) if r.status() == StatusCode::OK => {
-                let result = self.read(r).await.ok()?;
-                tracing::info!(identity = %call.identity, "lookup found the charge; settling the key");
-                Some(HandlerOutcome::Success(result))
-            }
-            Ok(r) => {
-                tracing::info!(identity = %call.identity, status = %r.status(), "lookup found no charge; sending the request again");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(identity = %call.identity, error = %e.without_url(), "lookup failed; sending the request again");
-                None
-            }
-        }
     }
 
     /// The answer's status and body, at most `max_response_bytes` of it.
@@ -350,8 +323,8 @@ impl HttpHandler {
 #[async_trait]
 impl Handler for HttpHandler {
     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome {
-        if call.uncertain {
-            if let Some(settled) = self.look_up(call).await {
+        if let Some(lookup) = self.lookup.as_ref().filter(|_| call.uncertain) {
+            if let Some(settled) = lookup.ask(call).await {
                 return settled;
             }
         }

@@ -239,16 +239,24 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 mod http;
+mod lookup;
 
 pub use http::{HttpHandler, HttpHandlerError};
 
 use crate::config::{HandlerKind, HandlerSettings};
 use std::sync::Arc;
 
-/// The handler the configuration names. `payment` is `http` aimed at the
+/// The handler the configuration names, its `handler.lookup_url` checked
+/// ([`HttpHandler::check_lookup`]). `payment` is `http` aimed at the
 /// bundled provider simulator (`dedupq provider`).
-pub fn from_settings(settings: &HandlerSettings) -> Result<Arc<dyn Handler>, HttpHandlerError> {
+pub async fn from_settings(
+    settings: &HandlerSettings,
+) -> Result<Arc<dyn Handler>, HttpHandlerError> {
     match settings.kind {
-        HandlerKind::Http | HandlerKind::Payment => Ok(Arc::new(HttpHandler::new(settings)?)),
+        HandlerKind::Http | HandlerKind::Payment => {
+            let handler = HttpHandler::new(settings)?;
+            handler.check_lookup().await?;
+            Ok(Arc::new(handler))
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! `handler.lookup_url`: for a key whose earlier attempt may have charged,
 //! the provider is asked first. A found charge settles the key `done` with
 //! it and no POST is sent; no charge found, and the POST is sent again.
-//! The first attempt runs on an engine of its own; the retry arrives
-//! through RabbitMQ.
+//! A 200 that does not name the derived key (a lookup URL one path segment
+//! off, answering 200 for every key) settles nothing. The first attempt
+//! runs on an engine of its own; the retry arrives through RabbitMQ.
 
 use crate::support::payments::{amqp::AmqpPayments, identity, Setup, TENANT, WAIT};
 use crate::support::process::Provider;
@@ -13,16 +14,21 @@ use dedupq::handler::HttpHandler;
 use dedupq::provider::Knobs;
 use dedupq::store::{KeyStatus, Store};
 use serde_json::json;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount":510,"currency":"EUR"}"#;
 
-fn handler(provider: &Provider, lookup: bool) -> HttpHandler {
+/// The simulator's lookup of one charge by key.
+fn simulator_lookup(provider: &Provider) -> String {
+    format!("{}/charges/lookup?key={{derived_key}}", provider.base)
+}
+
+fn handler(provider: &Provider, lookup_url: Option<String>) -> HttpHandler {
     HttpHandler::new(&HandlerSettings {
         url: provider.charges_url(),
         timeout: Duration::from_millis(700),
-        lookup_url: lookup.then(|| format!("{}/charges/lookup?key={{derived_key}}", provider.base)),
+        lookup_url,
         ..HandlerSettings::default()
     })
     .unwrap()
@@ -32,7 +38,7 @@ fn handler(provider: &Provider, lookup: bool) -> HttpHandler {
 async fn first_attempt_unknown(store: &Store, provider: &Provider, key: &str) {
     let engine = crate::support::engine(
         store,
-        Arc::new(handler(provider, true)),
+        Arc::new(handler(provider, Some(simulator_lookup(provider)))),
         crate::support::fast_options(),
     );
     let d = engine
@@ -69,7 +75,9 @@ async fn charged_without_an_answer(lookup: bool) -> (AmqpPayments, Provider) {
     })
     .await;
     provider.set_knobs(json!({"fail_next": 100})).await;
-    let pipeline = AmqpPayments::start_on(store, Setup::new(handler(&provider, lookup))).await;
+    let lookup_url = lookup.then(|| simulator_lookup(&provider));
+    let handler = handler(&provider, lookup_url);
+    let pipeline = AmqpPayments::start_on(store, Setup::new(handler)).await;
     pipeline.send("look-1", BODY.as_bytes(), None).await;
     (pipeline, provider)
 }
@@ -115,12 +123,93 @@ async fn when_the_lookup_finds_no_charge_the_request_is_sent_again_and_charges_o
     first_attempt_unknown(&store, &provider, "look-2").await;
     assert_eq!(provider.stats().await.charges, 0, "nothing charged");
 
-    let pipeline = AmqpPayments::start_on(store, Setup::new(handler(&provider, true))).await;
+    let handler = handler(&provider, Some(simulator_lookup(&provider)));
+    let pipeline = AmqpPayments::start_on(store, Setup::new(handler)).await;
     pipeline.send("look-2", BODY.as_bytes(), None).await;
     let row = pipeline.wait_status("look-2", KeyStatus::Done).await;
 
     let charges = provider.charges_for("acme:look-2").await;
     assert_eq!(charges.len(), 1, "the POST was sent again");
     assert_eq!(row.result_status, Some(201), "a fresh charge");
+    pipeline.stop().await;
+}
+
+/// A lookup answering 200 with an empty listing for every key, as the
+/// simulator's `GET /charges` does; it notes the keys it was asked for.
+struct EveryKeyFound {
+    url: String,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl EveryKeyFound {
+    async fn start() -> Self {
+        use axum::extract::{Query, State};
+        use std::collections::HashMap;
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let app = axum::Router::new()
+            .route(
+                "/charges",
+                axum::routing::get(
+                    |State(asked): State<Arc<Mutex<Vec<String>>>>,
+                     Query(q): Query<HashMap<String, String>>| async move {
+                        asked.lock().unwrap().extend(q.get("key").cloned());
+                        axum::Json(json!({"count": 0, "charges": []}))
+                    },
+                ),
+            )
+            .with_state(asked.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/charges?key={{derived_key}}",
+            listener.local_addr().unwrap()
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, asked }
+    }
+
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answer_that_does_not_name_the_key_settles_nothing_and_the_request_is_sent_again()
+{
+    let provider = Provider::start(Knobs {
+        hang_before_charge_next: 1,
+        ..Knobs::default()
+    })
+    .await;
+    let (store, _) = isolated_store().await;
+    first_attempt_unknown(&store, &provider, "look-3").await;
+    assert_eq!(provider.stats().await.charges, 0, "nothing charged");
+    let lookup = EveryKeyFound::start().await;
+
+    let handler = handler(&provider, Some(lookup.url.clone()));
+    let pipeline = AmqpPayments::start_on(store, Setup::new(handler)).await;
+    pipeline.send("look-3", BODY.as_bytes(), None).await;
+    let row = pipeline.wait_status("look-3", KeyStatus::Done).await;
+
+    let asked = lookup.asked();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|k| k == "acme:look-3"),
+        "the lookup was asked for the derived key: {asked:?}"
+    );
+    let charges = provider.charges_for("acme:look-3").await;
+    assert_eq!(
+        charges.len(),
+        1,
+        "the POST was sent again, and charged once"
+    );
+    assert_eq!(
+        charges[0].idempotency_key.as_deref(),
+        Some("acme:look-3"),
+        "with the same derived key"
+    );
+    assert_eq!(
+        row.result_status,
+        Some(201),
+        "settled by the charge's answer"
+    );
     pipeline.stop().await;
 }

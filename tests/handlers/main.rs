@@ -10,6 +10,7 @@ mod exact_request;
 mod first_request;
 mod forwarder;
 mod lookup;
+mod lookup_start;
 mod provider_faults;
 mod provider_latency;
 mod redirects;
