@@ -6,21 +6,17 @@
 
 use crate::config::{ConfigError, Settings};
 
-/// Refuses a `retention.keep` shorter than any source topic's
-/// `retention.ms` (forever counts as longer than any keep), unless
+/// Refuses a `retention.keep` shorter than the longest replay of any
+/// source topic (see `Replay`: retention.ms + segment.ms + the broker's
+/// check; forever for a compacted topic or `retention.ms = -1`), unless
 /// `retention.allow_shorter_than_topics` says the operator accepts it.
 pub async fn check_kafka(settings: &Settings) -> anyhow::Result<()> {
     let keep = settings.retention.keep;
-    let topics = crate::transport::kafka::topic_retention(&settings.kafka).await?;
+    let topics = crate::transport::kafka::topic_replays(&settings.kafka).await?;
     let problems: Vec<String> = topics
         .iter()
-        .filter(|(_, kept)| kept.is_none_or(|k| k > keep))
-        .map(|(topic, kept)| {
-            format!(
-                "topic {topic} keeps messages for {} (retention.ms)",
-                kept.map_or("ever".into(), |k| humantime::format_duration(k).to_string())
-            )
-        })
+        .filter(|(_, replay)| replay.longest().is_none_or(|longest| longest > keep))
+        .map(|(topic, replay)| format!("topic {topic} {replay}"))
         .collect();
     if problems.is_empty() {
         return Ok(());
@@ -32,15 +28,16 @@ pub async fn check_kafka(settings: &Settings) -> anyhow::Result<()> {
         problems.join("; ")
     );
     if settings.retention.allow_shorter_than_topics {
-        tracing::warn!(%problem, "retention.keep is shorter than the topics' retention (allowed by retention.allow_shorter_than_topics)");
+        tracing::warn!(%problem, "retention.keep is shorter than the topics can replay (allowed by retention.allow_shorter_than_topics)");
         return Ok(());
     }
     Err(ConfigError::new(
         "retention.keep",
         problem,
-        "keep keys at least as long as the topics keep messages (or lower the topics' \
-         retention.ms); set retention.allow_shorter_than_topics = true only if no consumer \
-         group can ever replay past the kept keys",
+        "keep keys at least as long as the topics can replay (or lower the topics' \
+         retention.ms or segment.ms; a compacted topic replays forever); set \
+         retention.allow_shorter_than_topics = true only if no consumer group can ever replay \
+         past the kept keys",
     )
     .into())
 }

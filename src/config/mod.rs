@@ -187,7 +187,7 @@ pub struct RetentionSettings {
     /// `retention.purge_batch` (default 1000): most keys one purge statement
     /// deletes; a purge repeats statements until fewer are left.
     pub purge_batch: i64,
-    /// Accept a `keep` shorter than a source topic's `retention.ms` (by
+    /// Accept a `keep` shorter than a source topic can replay (by
     /// default start-up refuses it: a group reset would replay purged keys).
     pub allow_shorter_than_topics: bool,
 }

@@ -17,4 +17,5 @@ mod metrics_endpoint;
 mod readme;
 mod release_live_lease;
 mod retention_horizons;
+mod retention_replay;
 mod upkeep_leader;

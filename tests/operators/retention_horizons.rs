@@ -1,18 +1,16 @@
 //! Retention shorter than what the broker can replay: keys were purged
 //! while the topic still held their messages, and a consumer-group reset
 //! charged every payment again. Start-up refuses a `retention.keep`
-//! shorter than a source topic's `retention.ms` (naming the setting, the
-//! topic and both durations) unless `retention.allow_shorter_than_topics`;
-//! and replicas sharing a key table purge with the longest keep any live
-//! one announces, so one replica's short keep never purges the others'.
+//! shorter than a source topic can replay (naming the setting, the topic
+//! and both durations; retention_replay.rs has each kind of topic) unless
+//! `retention.allow_shorter_than_topics`; and replicas sharing a key table
+//! purge with the longest keep any live one announces, so one replica's
+//! short keep never purges the others'.
 
 use crate::support::process::Dedupq;
 use crate::support::{eventually, isolated_store, kafka, unique};
 use dedupq::config::StoreSettings;
 use dedupq::store::Store;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -28,18 +26,7 @@ fn store_section(store: &StoreSettings) -> String {
 /// A topic whose broker keeps messages for 7 days, and its dead-letter topic.
 async fn week_long_topic() -> String {
     let topic = unique("week");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka::brokers())
-        .create()
-        .expect("admin client");
-    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("retention.ms", "604800000");
-    for r in admin
-        .create_topics([&new], &AdminOptions::new())
-        .await
-        .expect("create_topics")
-    {
-        r.expect("topic created");
-    }
+    kafka::create_topic_with(&topic, 1, &[("retention.ms", "604800000")]).await;
     kafka::create_topic(&format!("{topic}.dlq"), 1).await;
     topic
 }

@@ -24,11 +24,19 @@ pub fn brokers() -> String {
 /// Creates `name` with `partitions` partitions and waits until its
 /// metadata shows every partition with a leader.
 pub async fn create_topic(name: &str, partitions: i32) {
+    create_topic_with(name, partitions, &[]).await
+}
+
+/// `create_topic` with topic configs of its own (e.g. `cleanup.policy`).
+pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()
         .expect("admin client");
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let topic = configs.iter().fold(
+        NewTopic::new(name, partitions, TopicReplication::Fixed(1)),
+        |topic, (key, value)| topic.set(key, value),
+    );
     let results = admin
         .create_topics([&topic], &AdminOptions::new())
         .await

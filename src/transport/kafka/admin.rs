@@ -1,12 +1,14 @@
 //! Start-up checks against the cluster: the topics dedupq produces to
-//! exist (or are created when allowed), and the key retention covers what
-//! the broker can replay.
+//! exist (or are created when allowed), and how long the source topics can
+//! replay.
 
 use super::client;
 use super::error::KafkaError;
+use super::replay::{CheckInterval, Replay};
 use crate::config::KafkaSettings;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::metadata::Metadata;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -73,26 +75,27 @@ pub async fn ensure_produced_topics(s: &KafkaSettings) -> Result<(), KafkaError>
     Ok(())
 }
 
+fn metadata(admin: &AdminClient<DefaultClientContext>) -> Result<Metadata, KafkaError> {
+    let client = admin.inner();
+    // A metadata fetch blocks the thread; keep it off the async workers.
+    super::context::block(|| client.fetch_metadata(None, METADATA_TIMEOUT))
+        .map_err(KafkaError::Admin)
+}
+
 async fn existing_topics(
     admin: &AdminClient<DefaultClientContext>,
 ) -> Result<HashSet<String>, KafkaError> {
-    let client = admin.inner();
-    // A metadata fetch blocks the thread; keep it off the async workers.
-    let metadata = super::context::block(|| client.fetch_metadata(None, METADATA_TIMEOUT))
-        .map_err(KafkaError::Admin)?;
-    Ok(metadata
+    Ok(metadata(admin)?
         .topics()
         .iter()
         .map(|t| t.name().to_string())
         .collect())
 }
 
-/// The longest time the broker keeps each source topic's messages
-/// (`retention.ms`; None: forever).
-pub async fn topic_retention(
-    s: &KafkaSettings,
-) -> Result<Vec<(String, Option<Duration>)>, KafkaError> {
+/// How long each source topic can replay (see `Replay`).
+pub async fn topic_replays(s: &KafkaSettings) -> Result<Vec<(String, Replay)>, KafkaError> {
     let admin = admin(s)?;
+    let check = check_interval(&admin).await?;
     let specs: Vec<ResourceSpecifier> = s
         .topics
         .iter()
@@ -108,17 +111,48 @@ pub async fn topic_retention(
             setting: "topics",
             problem: format!("reading the configuration of topic {topic} failed: {code}"),
         })?;
-        let ms = resource
+        let configs = resource
             .entries
             .iter()
-            .find(|e| e.name == "retention.ms")
-            .and_then(|e| e.value.as_deref())
-            .and_then(|v| v.parse::<i64>().ok())
-            .unwrap_or(7 * 24 * 3600 * 1000);
-        out.push((
-            topic.clone(),
-            (ms >= 0).then(|| Duration::from_millis(ms as u64)),
-        ));
+            .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+            .collect();
+        out.push((topic.clone(), Replay::from_configs(&configs, check)));
     }
     Ok(out)
+}
+
+/// The longest `log.retention.check.interval.ms` of the brokers; Kafka's
+/// default if none can be read (describing a broker may be denied on a
+/// managed cluster).
+async fn check_interval(
+    admin: &AdminClient<DefaultClientContext>,
+) -> Result<CheckInterval, KafkaError> {
+    let brokers: Vec<i32> = metadata(admin)?.brokers().iter().map(|b| b.id()).collect();
+    let mut longest: Option<Duration> = None;
+    // librdkafka takes one broker resource per request.
+    for broker in brokers {
+        let spec = [ResourceSpecifier::Broker(broker)];
+        let every = match admin.describe_configs(&spec, &AdminOptions::new()).await {
+            Ok(mut results) => results.pop().and_then(Result::ok).and_then(|r| {
+                r.get("log.retention.check.interval.ms")?
+                    .value
+                    .as_deref()?
+                    .parse::<u64>()
+                    .ok()
+            }),
+            Err(e) => {
+                tracing::debug!(broker, error = %e, "broker config not readable");
+                None
+            }
+        };
+        if let Some(ms) = every {
+            longest = longest.max(Some(Duration::from_millis(ms)));
+        }
+    }
+    Ok(
+        longest.map_or(CheckInterval::KAFKA_DEFAULT, |every| CheckInterval {
+            every,
+            from_broker: true,
+        }),
+    )
 }

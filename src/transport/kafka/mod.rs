@@ -16,12 +16,14 @@ mod message;
 mod offsets;
 mod outbox;
 mod queue;
+mod replay;
 mod reply;
 
 pub use crate::config::KafkaSettings;
-pub use admin::topic_retention;
+pub use admin::topic_replays;
 pub use error::{KafkaError, ProduceError};
 pub use outbox::raw_headers;
+pub use replay::{CheckInterval, Replay};
 
 use crate::engine::Pipeline;
 use crate::health::Health;
