@@ -71,6 +71,16 @@ pub fn declined() -> Answer {
     }
 }
 
+/// The 5xx a request gets after it charged (`error_after_charge`).
+pub fn after_charge_error(status: u16) -> Answer {
+    let body = json!({ "error": "internal", "detail": "the provider failed after charging" });
+    Answer {
+        status,
+        content_type: JSON.into(),
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
 /// A status answered instead of charging: a redirect to the charge
 /// listing (which a client that follows it turns into a GET, or a second
 /// POST on 307/308), or a configuration fault.

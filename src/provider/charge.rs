@@ -9,7 +9,8 @@ use super::ledger::{Answer, Caller, Existing, Ledger, Received};
 use crate::fingerprint::{hex, write_canonical};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -41,11 +42,17 @@ pub(super) async fn create_charge(
         (k.draw(), k.clone())
     };
     if fate.fail {
-        return error(
+        let mut response = error(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "injected failure",
+            "injected failure, nothing charged",
         );
+        if knobs.fail_retry_after {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        return response;
     }
     if let Some(status) = fate.status_instead {
         return answer::instead_of_charging(status, &headers);
@@ -76,6 +83,18 @@ pub(super) async fn create_charge(
         return declined.into_response();
     }
     let answer = answer::charged(id, &body, key, &received.request_hash, fate.odd_answer);
+    if fate.error_after_charge {
+        let failed = answer::after_charge_error(knobs.error_after_charge_status);
+        let kept = if knobs.error_after_charge_replay {
+            failed.clone()
+        } else {
+            answer
+        };
+        // The charge completes (and is what a repeat replays, or the error
+        // itself); this request is told it failed.
+        let _ = finish(&s.ledger, id, kept, &fate, &knobs).await;
+        return failed.into_response();
+    }
     finish(&s.ledger, id, answer, &fate, &knobs).await
 }
 

@@ -45,6 +45,11 @@ pub struct Knobs {
     pub fail_rate: f64,
     /// The next N requests are answered 503 before any charge.
     pub fail_next: u32,
+    /// Those 503s carry `Retry-After: 1`, saying the request was not
+    /// processed (what a provider that sheds load answers). Off: a bare 503,
+    /// as a load balancer in front of a provider in an outage answers,
+    /// which says nothing about whether anything happened.
+    pub fail_retry_after: bool,
     /// Share of charges declined (402). Card 4000000000000002 is always declined.
     pub decline_rate: f64,
     /// Share of requests that charge and then never answer; the key counts
@@ -62,6 +67,17 @@ pub struct Knobs {
     pub slow_after_charge_rate: f64,
     /// The next N requests are slow after charging.
     pub slow_after_charge_next: u32,
+    /// Share of requests that charge and then answer
+    /// `error_after_charge_status` (a 5xx): the provider acted, its answer
+    /// says it failed.
+    pub error_after_charge_rate: f64,
+    /// The next N requests charge and then answer the error.
+    pub error_after_charge_next: u32,
+    /// The 5xx those requests answer (default 500).
+    pub error_after_charge_status: u16,
+    /// A repeat of such a key replays the error, as Stripe's v1 API does
+    /// with a 500 it cached; off: a repeat gets the charge.
+    pub error_after_charge_replay: bool,
     /// The status answered instead of charging (one of `STATUS_ANSWERS`).
     pub answer_status: Option<u16>,
     /// Share of requests answered `answer_status`, with no charge.
@@ -85,6 +101,7 @@ impl Default for Knobs {
             latency: Duration::ZERO,
             fail_rate: 0.0,
             fail_next: 0,
+            fail_retry_after: true,
             decline_rate: 0.0,
             hang_after_charge_rate: 0.0,
             hang_after_charge_next: 0,
@@ -92,6 +109,10 @@ impl Default for Knobs {
             slow_after_charge: Duration::ZERO,
             slow_after_charge_rate: 0.0,
             slow_after_charge_next: 0,
+            error_after_charge_rate: 0.0,
+            error_after_charge_next: 0,
+            error_after_charge_status: 500,
+            error_after_charge_replay: false,
             answer_status: None,
             answer_status_rate: 0.0,
             answer_status_next: 0,
@@ -131,6 +152,8 @@ pub struct Fate {
     pub decline: bool,
     pub hang_before_charge: bool,
     pub after_charge: AfterCharge,
+    /// Charges, then answers `error_after_charge_status`.
+    pub error_after_charge: bool,
     pub odd_answer: Option<OddAnswer>,
 }
 
@@ -143,6 +166,7 @@ impl Knobs {
             ("hang_after_charge_rate", self.hang_after_charge_rate),
             ("slow_after_charge_rate", self.slow_after_charge_rate),
             ("answer_status_rate", self.answer_status_rate),
+            ("error_after_charge_rate", self.error_after_charge_rate),
         ];
         for (knob, rate) in rates {
             if !(0.0..=1.0).contains(&rate) {
@@ -151,6 +175,12 @@ impl Knobs {
                     problem: format!("{rate} is not a share between 0 and 1"),
                 });
             }
+        }
+        if !(500..=599).contains(&self.error_after_charge_status) {
+            return Err(KnobError {
+                knob: "error_after_charge_status".into(),
+                problem: format!("{} is not a 5xx", self.error_after_charge_status),
+            });
         }
         match self.answer_status {
             Some(s) if !STATUS_ANSWERS.contains(&s) => Err(KnobError {
@@ -233,6 +263,12 @@ impl Knobs {
         } else {
             AfterCharge::Answer
         };
+        let error_after_charge = charges
+            && after_charge == AfterCharge::Answer
+            && hit(
+                &mut self.error_after_charge_next,
+                self.error_after_charge_rate,
+            );
         let odd_answer = (charges && hit(&mut self.odd_answer_next, 0.0))
             .then_some(self.odd_answer)
             .flatten();
@@ -242,6 +278,7 @@ impl Knobs {
             decline: rng.random_bool(self.decline_rate.clamp(0.0, 1.0)),
             hang_before_charge,
             after_charge,
+            error_after_charge,
             odd_answer,
         }
     }
