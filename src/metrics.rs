@@ -71,6 +71,10 @@ pub struct Inner {
     /// dedupq's configuration, not at the payment (unauthorized, forbidden,
     /// not_found, method_not_allowed, redirect, other).
     pub handler_faults: IntCounterVec,
+    /// `dedupq_handler_paused`: 1 while intake is paused because the
+    /// provider is in an outage (failures across different keys, or a 429
+    /// or 503 with `Retry-After`); one probe request at a time tests it.
+    pub handler_paused: IntGauge,
     /// `dedupq_build_info{version, commit}`: always 1, so dashboards can
     /// join on it.
     pub build_info: IntGaugeVec,
@@ -86,7 +90,7 @@ pub struct Inner {
 /// exist at 0 from start-up: an alert on `rate(...) > 0` then has a series
 /// to evaluate before the first dead letter, and a typo in a rule shows up
 /// as "no data" in its test instead of silence in production.
-pub const DEAD_LETTER_REASONS: [&str; 12] = [
+pub const DEAD_LETTER_REASONS: [&str; 13] = [
     "too_large",
     "not_json",
     "duplicate_member",
@@ -99,6 +103,7 @@ pub const DEAD_LETTER_REASONS: [&str; 12] = [
     "outcome_unknown",
     "retry_limit",
     "store_rejected",
+    "handler_fault",
 ];
 
 /// Every reason a handler answer is counted as a configuration fault.
@@ -263,6 +268,10 @@ impl Metrics {
                     "Handler answers caused by configuration (401, 403, 404, 405, redirects), retried"
                 ),
                 &["reason"]
+            )),
+            handler_paused: register!(IntGauge::new(
+                "dedupq_handler_paused",
+                "1 while intake is paused for a provider outage"
             )),
             build_info: register!(IntGaugeVec::new(
                 Opts::new(

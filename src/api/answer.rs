@@ -76,6 +76,15 @@ pub fn answer(verdict: Verdict) -> Response {
         )
         .retry_after(SOON)
         .into_response(),
+        Verdict::Paused { retry_after } => Problem::new(
+            S::SERVICE_UNAVAILABLE,
+            "provider-unavailable",
+            "The payment provider is in an outage; nothing was done",
+            "intake is paused until the provider answers again; retry with the same key after \
+             Retry-After seconds",
+        )
+        .retry_after(retry_after.max(SOON))
+        .into_response(),
     }
 }
 

@@ -6,6 +6,7 @@
 use crate::config::{ConfigError, IdentitySettings, TenantSource};
 use crate::engine::{
     Action, DeadLetterReason, Decision, Header, Incoming, InvalidReason, Outcome, Pipeline, Source,
+    Unavailable,
 };
 use crate::fingerprint::Fingerprint;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
@@ -66,6 +67,9 @@ pub enum Verdict {
     Accepted { key: String, replayed: bool },
     /// The key table could not be reached.
     Unavailable { detail: String },
+    /// Intake is paused for a provider outage: nothing was claimed or
+    /// called; retry after `retry_after`.
+    Paused { retry_after: Duration },
 }
 
 /// A command that passed the identity rules: ready to claim or publish.
@@ -236,6 +240,7 @@ impl Gate {
                     detail: "no decision was made".into(),
                 },
             },
+            Err(Unavailable::Provider { retry_after }) => Verdict::Paused { retry_after },
             Err(e) => Verdict::Unavailable {
                 detail: crate::telemetry::chain(&e).to_string(),
             },
@@ -260,12 +265,16 @@ impl Gate {
                 result: stored(r),
                 replayed: d.outcome == Outcome::Duplicate,
             },
-            // Retries exhausted: the failure is stored; answer it as stored.
-            Action::Commit { reply: None }
-            | Action::DeadLetter {
-                reason: DeadLetterReason::ExhaustedRetries,
+            Action::Commit { reply: None } => self.read_stored(checked).await,
+            // Nothing reached the provider (or it kept pointing at the
+            // configuration): the key is free for the client's retry.
+            Action::DeadLetter {
+                reason: DeadLetterReason::ExhaustedRetries | DeadLetterReason::HandlerFault,
                 ..
-            } => self.read_stored(checked).await,
+            } => Verdict::Released {
+                retry_after: super::answer::SOON,
+            },
+            Action::Postpone { after } => Verdict::Paused { retry_after: after },
             Action::DeadLetter {
                 reason: DeadLetterReason::Conflict,
                 ..

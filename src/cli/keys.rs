@@ -226,8 +226,7 @@ fn check_purge_age(settings: &Settings, older_than: Duration, force: bool) -> an
     }
     bail!(
         "--older-than {} is within the redelivery horizon {} (retention.redelivery_horizon, \
-         engine.retry_backoff_max x engine.max_attempts, amqp.retry_delay_max x \
-         amqp.max_redeliveries): a message redelivered later would find its key purged and \
+         handler.retry_for, amqp.retry_delay_max x amqp.max_redeliveries): a message redelivered later would find its key purged and \
          run again. Use an age over the horizon, or --force if you accept that",
         humantime::format_duration(older_than),
         humantime::format_duration(horizon)

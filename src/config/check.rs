@@ -80,6 +80,13 @@ fn check_engine(s: &Settings) -> Result<(), ConfigError> {
             "set positive values",
         ));
     }
+    if s.handler.retry_for.is_zero() || s.handler.outage_after == 0 {
+        return Err(ConfigError::new(
+            "handler.retry_for",
+            "handler.retry_for and handler.outage_after must be more than zero",
+            "the defaults are 20h and 3",
+        ));
+    }
     if e.retry_backoff_min > e.retry_backoff_max {
         return Err(ConfigError::new(
             "engine.retry_backoff_min",
@@ -140,10 +147,11 @@ impl Settings {
     /// purged sooner than this could see a redelivery and charge again.
     /// The start-up check and `dedupq keys purge` both hold retention to it.
     pub fn redelivery_horizon(&self) -> std::time::Duration {
-        let retry_span = self.engine.retry_backoff_max * self.engine.max_attempts;
+        // A message may be retried for as long as handler.retry_for (a
+        // faulting one uses no attempts: the time alone bounds it).
         self.retention
             .redelivery_horizon
-            .max(retry_span)
+            .max(self.handler.retry_for)
             .max(self.amqp.redelivery_span())
     }
 }
@@ -156,7 +164,7 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
             "retention.keep",
             format!(
                 "{} is not longer than the redelivery horizon {} (retention.redelivery_horizon, \
-                 engine.retry_backoff_max x engine.max_attempts, or amqp.retry_delay_max x \
+                 handler.retry_for, or amqp.retry_delay_max x \
                  amqp.max_redeliveries): a redelivered message \
                  could find its key purged and charge again",
                 humantime::format_duration(r.keep),

@@ -137,6 +137,21 @@ pub struct HandlerSettings {
     /// PEM file with a client certificate and its private key, for targets
     /// that require mutual TLS.
     pub client_identity_file: Option<PathBuf>,
+    /// `handler.retry_for` (default 20h): how long a key's attempts go on,
+    /// from its first claim, before it is given up: a key whose attempts
+    /// never reached the provider is left free and dead-lettered
+    /// (`exhausted_retries`); one that may have charged is held `unknown`;
+    /// one that keeps faulting is dead-lettered `handler_fault`. Time
+    /// paused for a provider outage does not count. Keep it inside the
+    /// provider's idempotency-key window (24 h at Stripe), so a retry is
+    /// always recognised.
+    #[serde(with = "humantime_serde")]
+    pub retry_for: Duration,
+    /// `handler.outage_after` (default 3): calls of this many different
+    /// keys failing in a row (refused, 5xx, timeouts, faults) are a
+    /// provider outage: intake pauses and one probe at a time tests the
+    /// provider. A 429 or 503 with `Retry-After` pauses at once.
+    pub outage_after: usize,
 }
 
 impl Default for HandlerSettings {
@@ -155,6 +170,8 @@ impl Default for HandlerSettings {
             lookup_url: None,
             ca_file: None,
             client_identity_file: None,
+            retry_for: Duration::from_secs(20 * 3600),
+            outage_after: 3,
         }
     }
 }

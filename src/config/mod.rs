@@ -71,8 +71,11 @@ pub struct EngineSettings {
     pub renew_every: Duration,
     /// Handler runs per process at once.
     pub concurrency: usize,
-    /// Attempts (first try included) before a transient failure or an
-    /// unknown outcome is final.
+    /// `engine.max_attempts` (default 10): attempts (first try included)
+    /// before a transient failure or an unknown outcome is final, unless
+    /// `handler.retry_for` ends them first. Attempts that did nothing (a
+    /// fault, a 409 while the provider still works on the key, a probe
+    /// during an outage) are not counted.
     pub max_attempts: u32,
     /// `engine.retry_backoff_min` (default 200ms): the first wait before a
     /// retry (a transient failure, an unknown outcome, a key held
@@ -80,9 +83,8 @@ pub struct EngineSettings {
     /// with ±20 % jitter.
     #[serde(with = "humantime_serde")]
     pub retry_backoff_min: Duration,
-    /// `engine.retry_backoff_max` (default 10s): the longest wait between
-    /// retries. Times `engine.max_attempts`, it is part of the redelivery
-    /// horizon that `retention.keep` must exceed.
+    /// `engine.retry_backoff_max` (default 30s): the longest wait between
+    /// retries: ten attempts span about a minute and a half.
     #[serde(with = "humantime_serde")]
     pub retry_backoff_max: Duration,
     /// Most messages claimed in one statement.
@@ -97,9 +99,9 @@ impl Default for EngineSettings {
             lease: Duration::from_secs(30),
             renew_every: Duration::from_secs(10),
             concurrency: 64,
-            max_attempts: 5,
+            max_attempts: 10,
             retry_backoff_min: Duration::from_millis(200),
-            retry_backoff_max: Duration::from_secs(10),
+            retry_backoff_max: Duration::from_secs(30),
             max_batch: 500,
             owner: None,
         }

@@ -5,6 +5,7 @@ use super::core::{retry_soon, Engine, Pending};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::lease::LeaseKeeper;
 use super::message::Incoming;
+use super::provider_gate::{Admit, Signal};
 use super::verdict::Verdict;
 use crate::handler::{HandlerCall, HandlerOutcome, Request};
 use crate::store::{Answer, Claim, Finish, FinishWrite, StoreError, Written};
@@ -16,7 +17,6 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// A key this worker owns: the message that claimed it and the claim.
@@ -35,6 +35,27 @@ impl<'a> Owned<'a> {
             fresh,
         }
     }
+}
+
+/// What became of a claim's handler call.
+pub(super) enum Ran {
+    /// It ran and says how it went; `probe`: it was the one call let
+    /// through while intake was paused for a provider outage.
+    Called {
+        outcome: HandlerOutcome,
+        probe: bool,
+    },
+    /// It never started; nothing reached the provider.
+    Skipped(Skip),
+}
+
+/// Why a handler call never started.
+pub(super) enum Skip {
+    /// Intake is paused for a provider outage: try again after this long.
+    Paused(Duration),
+    /// The lease may have ended (the process was paused, the runtime
+    /// stalled) and PostgreSQL could not confirm it.
+    LeaseInDoubt,
 }
 
 /// Whether a finish write landed.
@@ -66,11 +87,12 @@ impl Engine {
                 .collect(),
             claimed_at,
             opts.lease,
+            opts.renew_every,
         );
         let mut running: FuturesUnordered<_> = owned
             .iter()
             .enumerate()
-            .map(|(j, o)| self.run_one(batch, o, lease_deadline, keeper.lost_signal(j), j))
+            .map(|(j, o)| self.run_one(batch, o, lease_deadline, &keeper, j))
             .collect();
         let renewal = keeper.run(
             &self.inner.store,
@@ -106,9 +128,9 @@ impl Engine {
         batch: &[Incoming],
         o: &Owned<'_>,
         lease_deadline: DateTime<Utc>,
-        lost: CancellationToken,
+        keeper: &LeaseKeeper<'_>,
         j: usize,
-    ) -> (usize, HandlerOutcome) {
+    ) -> (usize, Ran) {
         {
             let msg = &batch[o.pending.index];
             let stored = o.claim.stored_request.as_ref();
@@ -130,11 +152,17 @@ impl Engine {
             };
             #[cfg(feature = "broken-claim-after-work")]
             if let Some(done) = &o.pending.early {
-                let _ = (lost, call);
-                return (j, done.clone());
+                let _ = (keeper, call);
+                return (
+                    j,
+                    Ran::Called {
+                        outcome: done.clone(),
+                        probe: false,
+                    },
+                );
             }
             let span = spans::handler(&o.pending.span, call.attempt, call.epoch);
-            (j, self.call_handler(&call, lost, span).await)
+            (j, self.call_handler(&call, keeper, j, span).await)
         }
     }
 
@@ -276,30 +304,59 @@ impl Engine {
         }
     }
 
+    /// The handler call of claim `j`, once a concurrency permit is free,
+    /// if the lease can still be trusted and the provider is not paused.
     async fn call_handler(
         &self,
         call: &HandlerCall<'_>,
-        lost: CancellationToken,
+        keeper: &LeaseKeeper<'_>,
+        j: usize,
         span: tracing::Span,
-    ) -> HandlerOutcome {
+    ) -> Ran {
         let inner = &self.inner;
         // The semaphore is never closed, so acquiring cannot fail.
         let _permit = inner.permits.acquire().await;
+        // A call queued behind others may find its lease gone by now (the
+        // process was paused, the runtime stalled): it must not start on it.
+        if let Err(doubt) = keeper.check_before_call(j, &inner.store).await {
+            tracing::warn!(identity = %call.identity, epoch = call.epoch.0, %doubt,
+                "not calling the handler: the lease may have ended; the key is given back");
+            return Ran::Skipped(Skip::LeaseInDoubt);
+        }
+        let probe = match inner.gate.admit() {
+            Admit::Go => false,
+            Admit::Probe => true,
+            Admit::Wait(after) => return Ran::Skipped(Skip::Paused(after)),
+        };
         let started = Instant::now();
         let handle = inner.handler.handle(call).instrument(span.clone());
         let run = AssertUnwindSafe(handle).catch_unwind();
-        let outcome = tokio::select! {
+        let lost = keeper.lost_signal(j);
+        let (outcome, signal) = tokio::select! {
             out = tokio::time::timeout(inner.options.handler_timeout, run) => match out {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(_panic)) => HandlerOutcome::Unknown { error: "handler panicked".into() },
-                Err(_) => HandlerOutcome::Unknown {
-                    error: format!("handler timed out after {:?}", inner.options.handler_timeout),
+                Ok(Ok(outcome)) => {
+                    let signal = Signal::of(&outcome);
+                    (outcome, signal)
+                }
+                Ok(Err(_panic)) => (
+                    HandlerOutcome::Unknown { error: "handler panicked".into() },
+                    Signal::Neutral,
+                ),
+                Err(_) => (
+                    HandlerOutcome::Unknown {
+                        error: format!("handler timed out after {:?}", inner.options.handler_timeout),
+                    },
+                    Signal::Failing { retry_after: None },
+                ),
+            },
+            _ = lost.cancelled() => (
+                HandlerOutcome::Unknown {
+                    error: "lease could not be kept while the handler ran".into(),
                 },
-            },
-            _ = lost.cancelled() => HandlerOutcome::Unknown {
-                error: "lease could not be kept while the handler ran".into(),
-            },
+                Signal::Neutral,
+            ),
         };
+        inner.gate.report(call.identity, signal, probe);
         let label = outcome_label(&outcome);
         inner
             .metrics
@@ -311,7 +368,7 @@ impl Engine {
             HandlerOutcome::Success(_) | HandlerOutcome::Permanent(_)
         );
         spans::handled(&span, label, answered);
-        outcome
+        Ran::Called { outcome, probe }
     }
 }
 
@@ -355,10 +412,10 @@ const GATHER: Duration = Duration::from_millis(1);
 /// The next handler to finish, plus every other that finishes with it or
 /// within `GATHER` of the one before, so they are stored together. The
 /// lease keeper keeps renewing meanwhile.
-async fn next_finished<F: Future<Output = (usize, HandlerOutcome)>>(
+async fn next_finished<F: Future<Output = (usize, Ran)>>(
     running: &mut FuturesUnordered<F>,
     renewal: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
-) -> Vec<(usize, HandlerOutcome)> {
+) -> Vec<(usize, Ran)> {
     let first = loop {
         tokio::select! {
             Some(done) = running.next() => break done,

@@ -4,17 +4,19 @@
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parsed, Parser, Source};
 use super::options::EngineOptions;
-use super::pipeline::Pipeline;
+use super::pipeline::{Pipeline, Unavailable};
+use super::provider_gate::ProviderGate;
 use crate::backoff::{self, Backoff, Gave};
 use crate::handler::Handler;
 use crate::health::Health;
+use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::telemetry::spans::BatchTrace;
 use async_trait::async_trait;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -37,6 +39,11 @@ pub(super) struct Inner {
     pub metrics: Metrics,
     pub health: Health,
     pub shutdown: CancellationToken,
+    /// Provider-wide outages: pauses intake, lets one probe through.
+    pub gate: ProviderGate,
+    /// Keys retried in a row without using an attempt (configuration
+    /// faults, a provider still working on the key): their backoff grows.
+    pub streaks: Mutex<HashMap<Identity, u32>>,
 }
 
 /// A parsed message and its position in the batch.
@@ -84,6 +91,12 @@ impl Engine {
         shutdown: CancellationToken,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(options.concurrency));
+        let gate = ProviderGate::new(
+            options.outage_after,
+            options.backoff,
+            metrics.clone(),
+            health.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -94,6 +107,8 @@ impl Engine {
                 metrics,
                 health,
                 shutdown,
+                gate,
+                streaks: Mutex::default(),
             }),
         }
     }
@@ -121,8 +136,9 @@ impl Engine {
     /// Decides every message of the batch: claims in one round trip per
     /// round, runs the won claims' handlers, stores their outcomes. Returns
     /// one decision per message, in order. An error means nothing of the
-    /// batch may be committed; deliver it again later.
-    pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+    /// batch may be committed (PostgreSQL is out of reach, or intake is
+    /// paused for a provider outage); deliver it again later.
+    pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable> {
         let trace = BatchTrace::open(batch);
         let span = trace.span().clone();
         self.process_traced(batch, &trace).instrument(span).await
@@ -132,7 +148,7 @@ impl Engine {
         &self,
         batch: &[Incoming],
         trace: &BatchTrace,
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Result<Vec<Decision>, Unavailable> {
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.len()];
         let mut pending = Vec::new();
         for (index, msg) in batch.iter().enumerate() {
@@ -149,6 +165,9 @@ impl Engine {
         }
         #[cfg(feature = "broken-claim-after-work")]
         self.work_before_claiming(batch, &mut pending).await;
+        if self.inner.gate.paused().is_some() {
+            pending = self.probe(batch, pending, &mut decisions).await?;
+        }
         // A statement may touch a row once, and messages with one key must
         // be handled in order: the first of each key goes first, repeats
         // in later rounds (where they find the first one's result).
@@ -172,6 +191,33 @@ impl Engine {
             trace.decided(index, decision);
         }
         Ok(decisions)
+    }
+
+    /// While the provider is in an outage nothing is claimed, except one
+    /// message at a time when a probe may start, until one of them calls
+    /// the provider. Returns the messages left for the usual rounds once
+    /// the provider answers; an error while it does not.
+    async fn probe(
+        &self,
+        batch: &[Incoming],
+        pending: Vec<Pending>,
+        decisions: &mut [Option<Decision>],
+    ) -> Result<Vec<Pending>, Unavailable> {
+        let mut left = pending.into_iter();
+        loop {
+            match self.inner.gate.paused() {
+                None => return Ok(left.collect()),
+                Some(wait) if !wait.is_zero() => {
+                    return Err(Unavailable::Provider { retry_after: wait })
+                }
+                Some(_) => {}
+            }
+            let Some(next) = left.next() else {
+                return Ok(Vec::new());
+            };
+            self.run_round(batch, std::slice::from_ref(&next), decisions)
+                .await?;
+        }
     }
 
     /// Test-only: the naive order (work first, then record the key), so
@@ -253,7 +299,7 @@ impl Engine {
 
 #[async_trait]
 impl Pipeline for Engine {
-    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
+    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable> {
         Engine::process(self, batch).await
     }
 

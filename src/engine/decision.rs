@@ -44,11 +44,15 @@ pub enum Outcome {
     /// The handler's answer points at dedupq's configuration (401, 404, a
     /// redirect): nothing stored, retried later.
     Fault,
+    /// Not run: intake is paused for a provider-wide outage (or the claim's
+    /// lease could not be trusted to start a call). The key was given back
+    /// without using an attempt; the message comes again later.
+    Paused,
 }
 
 impl Outcome {
     /// Every outcome.
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Processed,
         Outcome::Duplicate,
         Outcome::InFlight,
@@ -60,6 +64,7 @@ impl Outcome {
         Outcome::Unknown,
         Outcome::LeaseLost,
         Outcome::Fault,
+        Outcome::Paused,
     ];
 
     /// The `outcome` label value, e.g. `in_flight` or `handler_fault`.
@@ -76,6 +81,7 @@ impl Outcome {
             Outcome::Unknown => "unknown",
             Outcome::LeaseLost => "lease_lost",
             Outcome::Fault => "handler_fault",
+            Outcome::Paused => "paused",
         }
     }
 }
@@ -87,7 +93,9 @@ pub enum DeadLetterReason {
     Invalid(InvalidReason),
     /// Same key, different operation.
     Conflict,
-    /// Transient failures on every allowed attempt; the key is stored failed.
+    /// Nothing reached the provider (refused, 429, 503 not processed) on
+    /// every attempt `engine.max_attempts` and `handler.retry_for` allow:
+    /// the key is left free, so replaying the dead letter runs the payment.
     ExhaustedRetries,
     /// Outcome still unknown after every allowed attempt; the key stays
     /// `unknown`, held for an operator to settle.
@@ -98,6 +106,10 @@ pub enum DeadLetterReason {
     /// PostgreSQL refused this message's row (not an outage): its key's
     /// outcome, if it has one, is left uncertain for the next attempt.
     StoreRejected,
+    /// The handler's answers kept pointing at dedupq's configuration (a
+    /// 401, 404, a redirect) for `handler.retry_for`: dead-lettered before
+    /// the message could outlive the keys behind it. The key is left free.
+    HandlerFault,
 }
 
 impl DeadLetterReason {
@@ -111,6 +123,7 @@ impl DeadLetterReason {
             DeadLetterReason::OutcomeUnknown => "outcome_unknown",
             DeadLetterReason::RetryLimit => "retry_limit",
             DeadLetterReason::StoreRejected => "store_rejected",
+            DeadLetterReason::HandlerFault => "handler_fault",
         }
     }
 }
@@ -131,6 +144,7 @@ mod tests {
                     DeadLetterReason::OutcomeUnknown,
                     DeadLetterReason::RetryLimit,
                     DeadLetterReason::StoreRejected,
+                    DeadLetterReason::HandlerFault,
                 ]
                 .iter()
                 .map(DeadLetterReason::label),
@@ -166,6 +180,13 @@ pub enum Action {
     /// Nothing durable yet: deliver this message again after `after`
     /// (Kafka: re-claim in place; RabbitMQ: through the delay queue).
     RetryLater {
+        /// How long to wait first.
+        after: Duration,
+    },
+    /// Nothing was attempted (intake paused for a provider outage): deliver
+    /// the message again after `after`, as `RetryLater`, but without
+    /// counting a retry against the transport's limit.
+    Postpone {
         /// How long to wait first.
         after: Duration,
     },

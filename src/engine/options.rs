@@ -32,6 +32,12 @@ pub struct EngineOptions {
     pub backoff: Backoff,
     /// Most messages in one claim statement (`engine.max_batch`).
     pub max_batch: usize,
+    /// How long a key's attempts go on (`handler.retry_for`), paused time
+    /// not counted.
+    pub retry_for: Duration,
+    /// Different keys failing in a row that make a provider outage
+    /// (`handler.outage_after`).
+    pub outage_after: usize,
 }
 
 impl EngineOptions {
@@ -51,6 +57,8 @@ impl EngineOptions {
                 max: e.retry_backoff_max,
             },
             max_batch: e.max_batch,
+            retry_for: s.handler.retry_for,
+            outage_after: s.handler.outage_after,
         }
     }
 }

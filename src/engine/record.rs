@@ -37,6 +37,7 @@ fn action_label(a: &Action) -> String {
             format!("dead_letter({}: {detail})", reason.label())
         }
         Action::RetryLater { after } => format!("retry_later({after:?})"),
+        Action::Postpone { after } => format!("postpone({after:?})"),
     }
 }
 

@@ -6,7 +6,7 @@ use super::core::{limit_retries, transport_label};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parser};
 use super::options::EngineOptions;
-use super::pipeline::Pipeline;
+use super::pipeline::{Pipeline, Unavailable};
 use crate::backoff::Backoff;
 use crate::handler::{HandlerCall, HandlerResult, Request};
 use crate::identity::Identity;
@@ -328,8 +328,8 @@ fn stored(status: KeyStatus, r: HandlerResult) -> StoredResult {
 
 #[async_trait]
 impl Pipeline for TransactionalEngine {
-    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, StoreError> {
-        TransactionalEngine::process(self, batch).await
+    async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable> {
+        Ok(TransactionalEngine::process(self, batch).await?)
     }
 
     fn parser(&self) -> &Parser {

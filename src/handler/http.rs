@@ -1,12 +1,15 @@
 //! `http`: POST the message's bytes, exactly as received, with the derived
 //! key as the provider's idempotency key.
 //!
-//! 2xx: done. A definitive 4xx: failed for good. 5xx, 408, 409 (the
-//! provider still works on this key), 429 and refused connections:
-//! transient. 422 is a refusal of the request on a first attempt, but after
-//! an attempt whose outcome is unknown it is only the provider noticing a
-//! repeat: it settles nothing. A timeout or a broken connection after the
-//! request was sent: unknown, because the provider may have acted.
+//! 2xx: done. A definitive 4xx: failed for good. What says nothing
+//! happened is transient: a refused connection (nothing was sent), a 429,
+//! a 503 with `Retry-After` (not processed), a 408, a 409 (the provider
+//! still works on this key). 422 is a refusal of the request on a first
+//! attempt, but after an attempt whose outcome is unknown it is only the
+//! provider noticing a repeat: it settles nothing. Any other 5xx (500,
+//! 502, 504, a bare 503), a timeout or a broken connection after the
+//! request was sent: unknown, because the provider may have acted (Stripe
+//! documents that a 500 may follow a charge).
 //! Redirects are never followed (reqwest would turn the POST into a GET and
 //! drop the body) and, like 401/403/404/405, mean dedupq is misconfigured:
 //! a fault, never the payment's outcome.
@@ -42,8 +45,10 @@ pub mod header {
 ///
 /// How answers become outcomes:
 /// - 2xx: [`HandlerOutcome::Success`].
-/// - 5xx, 408, 409, 429, or a refused connection:
-///   [`HandlerOutcome::Transient`].
+/// - 408, 409, 429, 503 with `Retry-After`, or a refused connection:
+///   [`HandlerOutcome::Transient`] (with the `Retry-After` asked for).
+/// - 500, 502, 504, a bare 503 and any other 5xx: [`HandlerOutcome::Unknown`]:
+///   the provider may have acted before it failed.
 /// - 422: [`HandlerOutcome::Permanent`] on a first attempt, like any other
 ///   4xx; after an uncertain attempt it is only the provider noticing a
 ///   repeat, so it settles nothing (transient).
@@ -281,7 +286,12 @@ impl HttpHandler {
         })
     }
 
-    fn classify(&self, uncertain: bool, result: HandlerResult) -> HandlerOutcome {
+    fn classify(
+        &self,
+        uncertain: bool,
+        result: HandlerResult,
+        retry_after: Option<Duration>,
+    ) -> HandlerOutcome {
         let status = StatusCode::from_u16(result.status as u16).unwrap_or(StatusCode::BAD_GATEWAY);
         let code = status.as_u16();
         let summary = || {
@@ -309,14 +319,23 @@ impl HttpHandler {
                 _ => FaultReason::Other,
             });
         }
-        let retryable = matches!(code, 408 | 409 | 429) || status.is_server_error();
-        if retryable || (uncertain && code == 422) || !status.is_client_error() {
+        // Answers that say the request was not processed.
+        let not_processed = matches!(code, 408 | 409 | 429)
+            || (code == 503 && retry_after.is_some())
+            || (uncertain && code == 422);
+        if not_processed {
             return HandlerOutcome::Transient {
                 status: Some(result.status),
                 error: summary(),
+                retry_after,
             };
         }
-        HandlerOutcome::Permanent(result)
+        if status.is_client_error() {
+            return HandlerOutcome::Permanent(result);
+        }
+        // A 5xx (or an odd status) after the request arrived: it may have
+        // been processed before the failure.
+        HandlerOutcome::Unknown { error: summary() }
     }
 }
 
@@ -343,6 +362,7 @@ impl Handler for HttpHandler {
                 return HandlerOutcome::Transient {
                     status: None,
                     error: format!("connecting to the provider failed: {}", e.without_url()),
+                    retry_after: None,
                 }
             }
             Err(e) => {
@@ -352,8 +372,9 @@ impl Handler for HttpHandler {
             }
         };
         let status = response.status();
+        let retry_after = retry_after(response.headers());
         match self.read(response).await {
-            Ok(result) => self.classify(call.uncertain, result),
+            Ok(result) => self.classify(call.uncertain, result, retry_after),
             // The provider answered success but the body broke off: it did
             // act, and what it said is lost.
             Err(e) if status.is_success() => {
@@ -371,18 +392,41 @@ impl Handler for HttpHandler {
     }
 }
 
+/// `Retry-After` as delta-seconds or an HTTP date; None if absent or
+/// unreadable (an unreadable one says nothing about the request).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    Some(
+        (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+            .to_std()
+            .unwrap_or_default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn kind(uncertain: bool, code: u16) -> &'static str {
+        kind_with(uncertain, code, None)
+    }
+
+    fn kind_with(uncertain: bool, code: u16, retry_after: Option<Duration>) -> &'static str {
         let h = HttpHandler::new(&HandlerSettings::default()).unwrap();
         let result = HandlerResult {
             status: i32::from(code),
             body: b"{}".to_vec(),
             content_type: None,
         };
-        match h.classify(uncertain, result) {
+        match h.classify(uncertain, result, retry_after) {
             HandlerOutcome::Success(_) => "success",
             HandlerOutcome::Permanent(_) => "permanent",
             HandlerOutcome::Transient { .. } => "transient",
@@ -402,8 +446,10 @@ mod tests {
             (408, "transient", "transient"),
             (409, "transient", "transient"),
             (429, "transient", "transient"),
-            (500, "transient", "transient"),
-            (503, "transient", "transient"),
+            (500, "unknown", "unknown"),
+            (502, "unknown", "unknown"),
+            (503, "unknown", "unknown"),
+            (504, "unknown", "unknown"),
             (301, "fault", "fault"),
             (302, "fault", "fault"),
             (307, "fault", "fault"),
@@ -419,5 +465,39 @@ mod tests {
                 "{code} after an unknown attempt"
             );
         }
+        let asked = Some(Duration::from_secs(3));
+        assert_eq!(
+            kind_with(false, 503, asked),
+            "transient",
+            "503 not processed"
+        );
+        assert_eq!(kind_with(false, 429, asked), "transient");
+        assert_eq!(
+            kind_with(false, 500, asked),
+            "unknown",
+            "a 500 may follow a charge"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_a_date() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(
+            retry_after(&h),
+            Some(Duration::ZERO),
+            "a date in the past: at once"
+        );
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("soon"),
+        );
+        assert_eq!(retry_after(&h), None);
     }
 }

@@ -92,19 +92,26 @@ pub enum HandlerOutcome {
     Success(HandlerResult),
     /// Failed for good (declined card, 4xx): stored and replayed, never retried.
     Permanent(HandlerResult),
-    /// Nothing happened (5xx, refused): released and retried after
-    /// backoff; on the last of `engine.max_attempts` stored as failed and
-    /// dead-lettered (`exhausted_retries`).
+    /// Nothing happened (the connection was refused, a 429, a 503 that
+    /// says it was not processed): released and retried after backoff,
+    /// honouring `retry_after`. When `engine.max_attempts` or
+    /// `handler.retry_for` run out, the key is left free and the message
+    /// dead-lettered (`exhausted_retries`): replaying it runs the payment.
+    /// Never stored as failed: nothing was refused.
     Transient {
         /// The provider's status, if it answered at all.
         status: Option<i32>,
         /// What went wrong, for logs and the dead letter's detail.
         error: String,
+        /// When the provider asked to be called again (`Retry-After`). A
+        /// 429 or 503 with it pauses intake as a provider-wide outage.
+        retry_after: Option<std::time::Duration>,
     },
-    /// The request may have had its effect (timeout after sending): retried
-    /// with the same request and derived key; on the last attempt held as
-    /// unknown and dead-lettered (`outcome_unknown`) for an operator to
-    /// settle.
+    /// The request may have had its effect (a timeout after sending, a
+    /// 500, 502, 504 or a 503 without `Retry-After`): retried with the same
+    /// request and derived key until an answer settles it; when the
+    /// attempts run out, held as unknown and dead-lettered
+    /// (`outcome_unknown`) for an operator to settle. Never failed.
     Unknown {
         /// What went wrong, for logs and the dead letter's detail.
         error: String,
@@ -200,7 +207,8 @@ impl FaultReason {
 ///             // Never sent: nothing happened.
 ///             Err(e) if e.is_connect() => {
 ///                 let error = e.to_string();
-///                 return HandlerOutcome::Transient { status: None, error };
+///                 let retry_after = None;
+///                 return HandlerOutcome::Transient { status: None, error, retry_after };
 ///             }
 ///             // Sent, but no answer: the charge may have happened.
 ///             Err(e) => return HandlerOutcome::Unknown { error: e.to_string() },
@@ -223,10 +231,14 @@ impl FaultReason {
 ///                 reason: FaultReason::Unauthorized,
 ///                 error,
 ///             },
-///             408 | 409 | 429 | 500..=599 => HandlerOutcome::Transient {
+///             // Not processed: nothing happened.
+///             409 | 429 => HandlerOutcome::Transient {
 ///                 status: Some(result.status),
 ///                 error,
+///                 retry_after: None,
 ///             },
+///             // The provider may have acted before it failed.
+///             500..=599 => HandlerOutcome::Unknown { error },
 ///             _ => HandlerOutcome::Permanent(result),
 ///         }
 ///     }

@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS provider_charges (
 -- (added to tables of earlier simulators in place).
 ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS traceparent text;
 ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS tracestate text;
+-- The status a repeat replays when it is not the charge's own (a 500 the
+-- provider cached after charging).
+ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS response_status integer;
 CREATE INDEX IF NOT EXISTS provider_charges_remembered_key
     ON provider_charges (idempotency_key) WHERE remembered;
 CREATE INDEX IF NOT EXISTS provider_charges_by_payment ON provider_charges (tenant, payment_id);
@@ -126,7 +129,8 @@ impl Ledger {
             .execute(&mut *tx)
             .await?;
         let row = sqlx::query(
-            "SELECT state, body_hash, request_hash, response, response_type FROM provider_charges \
+            "SELECT state, body_hash, request_hash, response, response_type, response_status \
+             FROM provider_charges \
              WHERE idempotency_key = $1 AND remembered ORDER BY id LIMIT 1",
         )
         .bind(key)
@@ -154,12 +158,13 @@ impl Ledger {
     /// given, had its caller waited).
     pub async fn succeed(&self, id: i64, answer: &Answer) -> Result<(), sqlx::Error> {
         sqlx::query(
-            "UPDATE provider_charges SET state = 'succeeded', response = $2, response_type = $3 \
-             WHERE id = $1",
+            "UPDATE provider_charges SET state = 'succeeded', response = $2, response_type = $3, \
+             response_status = $4 WHERE id = $1",
         )
         .bind(id)
         .bind(&answer.body)
         .bind(&answer.content_type)
+        .bind((answer.status != 201 && answer.status != 200).then_some(i32::from(answer.status)))
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -201,10 +206,11 @@ fn existing(row: &sqlx::postgres::PgRow) -> Existing {
 /// `None` while it is pending.
 pub(super) fn stored_answer(row: &sqlx::postgres::PgRow) -> Option<Answer> {
     let state: String = row.get("state");
+    let replayed: Option<i32> = row.try_get("response_status").ok().flatten();
     let status = match state.as_str() {
         "pending" => return None,
         "declined" => 402,
-        _ => 200,
+        _ => replayed.and_then(|s| u16::try_from(s).ok()).unwrap_or(200),
     };
     Some(Answer {
         status,

@@ -97,7 +97,7 @@ impl Ledger {
     /// What the first remembered charge with `key` would answer a retry.
     pub async fn lookup(&self, key: &str) -> Result<Lookup, sqlx::Error> {
         let row = sqlx::query(
-            "SELECT state, response, response_type FROM provider_charges \
+            "SELECT state, response, response_type, response_status FROM provider_charges \
              WHERE idempotency_key = $1 AND remembered ORDER BY id LIMIT 1",
         )
         .bind(key)

@@ -73,7 +73,9 @@ claimed AS (
               (k.uncertain_since IS NOT NULL) AS uncertain,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
-              CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key
+              CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key,
+              CASE WHEN xmax = 0 THEN 0
+                   ELSE extract(epoch FROM (now() - k.created_at)) END::float8 AS age
 ),
 unclaimed AS MATERIALIZED (
     SELECT i.ord, i.tenant, i.key FROM input i
@@ -82,6 +84,7 @@ unclaimed AS MATERIALIZED (
 SELECT NULL::int8 AS ord, c.tenant, c.key,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
        c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
+       c.age AS claimed_age,
        NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
        NULL::timestamptz AS lease_until, NULL::bool AS lease_over,
        NULL::float8 AS lease_left, NULL::int4 AS attempts,
@@ -91,7 +94,7 @@ FROM claimed c
 UNION ALL
 SELECT u.ord, NULL, NULL,
        NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL,
        k.status, k.fingerprint, k.fingerprint_version,
        k.lease_until, ((k.lease_until <= now()) IS TRUE),
        extract(epoch FROM (k.lease_until - now()))::float8, k.attempts,
@@ -186,6 +189,9 @@ pub struct Claim {
     /// For a takeover: the request of the first attempt, to send again.
     /// None for a new key (or a row stored before requests were kept).
     pub stored_request: Option<StoredRequest>,
+    /// How long ago the key was first claimed, by PostgreSQL's clock (zero
+    /// for a new key): what `handler.retry_for` is measured against.
+    pub age: Duration,
 }
 
 /// What claiming one key found, which decides what becomes of its message.
@@ -340,6 +346,10 @@ pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimRe
             attempts: row.try_get("claimed_attempts")?,
             uncertain: !inserted && row.try_get::<Option<bool>, _>("uncertain")?.unwrap_or(true),
             stored_request: stored_request.filter(|r| !r.derived_key.is_empty()),
+            age: row
+                .try_get::<Option<f64>, _>("claimed_age")?
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or_default(),
         };
         return Ok(if inserted {
             ClaimResult::Won(claim)

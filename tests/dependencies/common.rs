@@ -55,3 +55,13 @@ pub async fn status(store: &Store, key: &str) -> Option<String> {
         .await
         .expect("read the key's status")
 }
+
+/// Sets `[section] key = value` in a configuration, adding what is missing.
+pub fn set(config: &mut toml::Table, section: &str, key: &str, value: impl Into<toml::Value>) {
+    let table = config
+        .entry(section)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .expect("a table");
+    table.insert(key.to_string(), value.into());
+}

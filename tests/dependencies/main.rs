@@ -9,5 +9,8 @@
 mod support;
 
 mod common;
+mod faults;
+mod paused_worker;
+mod provider_outage;
 mod read_only;
 mod row_locks;

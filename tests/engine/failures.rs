@@ -9,6 +9,7 @@ fn transient() -> HandlerOutcome {
     HandlerOutcome::Transient {
         status: Some(503),
         error: "provider unavailable".into(),
+        retry_after: None,
     }
 }
 
@@ -59,9 +60,10 @@ async fn a_transient_failure_releases_the_key_and_the_retry_takes_it_over_at_onc
 }
 
 #[tokio::test]
-async fn after_max_attempts_a_transient_failure_is_stored_failed_and_dead_lettered() {
+async fn after_max_attempts_a_transient_failure_leaves_the_key_free_and_is_dead_lettered_saying_a_replay_runs_it(
+) {
     let (store, _) = support::isolated_store().await;
-    let handler = Arc::new(Recording::scripted(vec![transient(); 10]));
+    let handler = Arc::new(Recording::scripted(vec![transient(); 3]));
     let mut options = support::fast_options();
     options.max_attempts = 3;
     let engine = support::engine(&store, handler.clone(), options);
@@ -80,17 +82,32 @@ async fn after_max_attempts_a_transient_failure_is_stored_failed_and_dead_letter
 
     assert_eq!(outcomes[0].outcome, Outcome::Retried);
     assert_eq!(outcomes[1].outcome, Outcome::Retried);
-    assert_eq!(outcomes[2].outcome, Outcome::Failed);
-    assert!(matches!(
-        outcomes[2].action,
-        Action::DeadLetter {
-            reason: DeadLetterReason::ExhaustedRetries,
-            ..
-        }
-    ));
-    let late = engine.process(&[msg]).await.unwrap();
-    assert_eq!(late[0].outcome, Outcome::Duplicate);
-    assert_eq!(handler.count(), 3);
+    assert_eq!(
+        outcomes[2].outcome,
+        Outcome::Retried,
+        "nothing reached the provider: not failed"
+    );
+    let Action::DeadLetter {
+        reason: DeadLetterReason::ExhaustedRetries,
+        detail,
+    } = &outcomes[2].action
+    else {
+        panic!("{:?}", outcomes[2].action)
+    };
+    assert!(detail.contains("replaying"), "{detail}");
+    let parsed = dedupq::engine::Parser::new(&Default::default())
+        .parse(&msg)
+        .unwrap();
+    let row = store.show_key(&parsed.identity).await.unwrap().unwrap();
+    assert_eq!(
+        row.status,
+        KeyStatus::InProgress,
+        "the key is left free, never stored failed"
+    );
+    // The dead letter replayed: the payment runs (and succeeds) at once.
+    let replayed = engine.process(&[msg]).await.unwrap();
+    assert_eq!(replayed[0].outcome, Outcome::Takeover);
+    assert_eq!(handler.count(), 4);
 }
 
 #[tokio::test]

@@ -89,6 +89,7 @@ async fn a_key_claimed_long_ago_but_finished_recently_is_kept() {
 #[test]
 fn a_retention_shorter_than_the_redelivery_horizon_is_refused() {
     let mut settings = Settings::default();
+    settings.handler.retry_for = Duration::from_secs(1800);
     settings.retention.keep = Duration::from_secs(3600);
     settings.retention.redelivery_horizon = Duration::from_secs(2 * 3600);
     let err = settings.validate().unwrap_err();

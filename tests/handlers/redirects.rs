@@ -119,6 +119,7 @@ impl Handler for FollowingForwarder {
             return HandlerOutcome::Transient {
                 status: None,
                 error: "unreachable".into(),
+                retry_after: None,
             };
         };
         let status = i32::from(answer.status().as_u16());

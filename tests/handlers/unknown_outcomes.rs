@@ -117,6 +117,7 @@ impl Handler for TimeoutsAsRefusals {
             HandlerOutcome::Unknown { error } => HandlerOutcome::Transient {
                 status: None,
                 error,
+                retry_after: None,
             },
             other => other,
         }

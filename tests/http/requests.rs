@@ -203,6 +203,9 @@ async fn a_transient_provider_failure_answers_503_and_the_retry_charges_once() {
         "urn:dedupq:problem:handler-unavailable"
     );
     assert!(failed.retry_after() >= 1);
+    // A 503 that says Retry-After pauses intake that long: the client
+    // honours it.
+    tokio::time::sleep(Duration::from_secs(failed.retry_after())).await;
     let retried = app.pay("pay-f1", BODY).await;
     assert_eq!(
         (retried.status, retried.replayed()),

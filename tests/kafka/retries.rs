@@ -78,6 +78,7 @@ async fn a_transient_failure_is_retried_in_place_before_later_messages_of_its_pa
     let transient = || HandlerOutcome::Transient {
         status: Some(503),
         error: "provider unavailable".into(),
+        retry_after: None,
     };
     let handler = Arc::new(Recording::scripted(vec![transient(), transient()]));
     let producer = kafka::producer();

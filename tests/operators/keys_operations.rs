@@ -7,7 +7,8 @@ use dedupq::store::Store;
 
 fn config(store: &StoreSettings) -> std::path::PathBuf {
     let text = format!(
-        "[store]\nurl = \"{}\"\nschema = \"{}\"\n[retention]\nkeep = \"24h\"\nredelivery_horizon = \"6h\"\n",
+        "[store]\nurl = \"{}\"\nschema = \"{}\"\n[handler]\nretry_for = \"1h\"\n\
+         [retention]\nkeep = \"24h\"\nredelivery_horizon = \"6h\"\n",
         store.url.expose(),
         store.schema.as_deref().unwrap()
     );

@@ -60,7 +60,7 @@ async fn a_failed_purge_is_logged_with_its_cause() {
     )
     .await;
     assert!(
-        line.contains("a statement against the key table failed: ")
+        line.contains("PostgreSQL cannot take the statement now (SQLSTATE 42P01): ")
             && line.contains("\"dedupq_keys\" does not exist"),
         "the outer error and PostgreSQL's reason: {line}"
     );

@@ -82,7 +82,8 @@ async fn a_keep_shorter_than_a_topics_retention_stops_start_up_unless_explicitly
 /// 200 ms when it leads.
 async fn replica(store: &StoreSettings, keep: &str) -> Dedupq {
     let text = format!(
-        "{store}[retention]\nkeep = \"{keep}\"\nredelivery_horizon = \"1h\"\npurge_every = \"200ms\"\n",
+        "{store}[handler]\nretry_for = \"1h\"\n\
+         [retention]\nkeep = \"{keep}\"\nredelivery_horizon = \"1h\"\npurge_every = \"200ms\"\n",
         store = store_section(store),
     );
     Dedupq::start(&text.parse().expect("valid TOML")).await

@@ -28,6 +28,7 @@ fn settings(topic: &str, keep: &str) -> Settings {
     s.kafka.brokers = kafka::brokers();
     s.kafka.topics = vec![topic.to_string()];
     s.retention.keep = humantime::parse_duration(keep).expect("a duration");
+    s.handler.retry_for = Duration::from_secs(600);
     s
 }
 
@@ -50,6 +51,7 @@ fn process_config(store: &StoreSettings, topic: &str, keep: &str) -> toml::Table
         "[store]\nurl = \"{url}\"\nschema = \"{schema}\"\nmax_connections = 2\n\
          [kafka]\ntopics = [\"{topic}\"]\nbrokers = \"{brokers}\"\ngroup_id = \"{group}\"\n\
          create_topics = true\n\
+         [handler]\nretry_for = \"10m\"\n\
          [retention]\nkeep = \"{keep}\"\nredelivery_horizon = \"10m\"\n",
         url = store.url.expose(),
         schema = store.schema.as_deref().unwrap(),

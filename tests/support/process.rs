@@ -39,6 +39,7 @@ retry_backoff_max = "500ms"
 kind = "payment"
 url = "{charges}"
 timeout = "2s"
+retry_for = "1h"
 
 [retention]
 redelivery_horizon = "1h"

@@ -165,8 +165,10 @@ impl Applier<'_> {
                 };
                 Plan::Required(out, Some(reason.label()))
             }
-            Action::RetryLater { after } => {
-                let trip = meta.trips.saturating_add(1);
+            Action::RetryLater { after } | Action::Postpone { after } => {
+                // A postponed message was not tried: its trip is not counted.
+                let counted = matches!(decision.action, Action::RetryLater { .. });
+                let trip = meta.trips.saturating_add(u32::from(counted));
                 let wait = self.settings.retry_delay(trip, *after);
                 let extra = vec![
                     (h::TRIPS, trip.to_string()),

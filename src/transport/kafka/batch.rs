@@ -32,8 +32,10 @@ pub struct BatchDone {
     /// Messages without a durable outcome, in batch order, and how long to
     /// wait before trying them again.
     pub retries: Vec<(Held, Duration)>,
-    /// The store failed: nothing of the batch is durable.
-    pub store_down: bool,
+    /// The store failed, or intake is paused for a provider outage:
+    /// nothing of the batch is durable. Some: pause the partitions, at least
+    /// this long.
+    pub paused: Option<Duration>,
 }
 
 enum Applied {
@@ -65,12 +67,12 @@ pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %crate::telemetry::chain(&e), messages = batch.len(),
-                "store unavailable: batch not processed, nothing committed; pausing");
+                "batch not processed, nothing committed; pausing");
             shared.ledger.batch_finished(&lanes, &[]);
             return BatchDone {
                 lanes,
                 retries: batch.into_iter().map(|h| (h, Duration::ZERO)).collect(),
-                store_down: true,
+                paused: Some(e.retry_after().unwrap_or_default()),
             };
         }
     };
@@ -101,13 +103,13 @@ pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
     BatchDone {
         lanes,
         retries,
-        store_down: false,
+        paused: None,
     }
 }
 
 async fn apply(shared: &Shared, held: &Held, decision: &Decision) -> Applied {
     match &decision.action {
-        Action::RetryLater { after } => Applied::Retry(*after),
+        Action::RetryLater { after } | Action::Postpone { after } => Applied::Retry(*after),
         Action::Commit { reply: None } => Applied::Durable,
         Action::Commit {
             reply: Some(result),

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub type KafkaConsumer = StreamConsumer<Context>;
 
-/// Pauses after the store failed a batch.
+/// Pauses after the store failed a batch (or the provider is paused).
 const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
 
 pub struct Pump {
@@ -149,9 +149,9 @@ impl Pump {
 
     fn finished(&mut self, done: Result<(u64, BatchDone), JoinError>) -> Result<(), KafkaError> {
         let (id, done) = done.map_err(KafkaError::BatchTask)?;
-        let pause = if done.store_down {
+        let pause = if let Some(asked) = done.paused {
             self.store_failures += 1;
-            Some(STORE_PAUSE.after_attempt(self.store_failures))
+            Some(STORE_PAUSE.after_attempt(self.store_failures).max(asked))
         } else {
             self.store_failures = 0;
             None
