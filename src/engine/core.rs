@@ -44,6 +44,9 @@ pub(super) struct Inner {
     /// Keys retried in a row without using an attempt (configuration
     /// faults, a provider still working on the key): their backoff grows.
     pub streaks: Mutex<HashMap<Identity, u32>>,
+    /// Keys whose answer is kept for a row another transaction holds
+    /// (see `parked.rs`).
+    pub parked: Mutex<HashSet<Identity>>,
 }
 
 /// A parsed message and its position in the batch.
@@ -109,6 +112,7 @@ impl Engine {
                 shutdown,
                 gate,
                 streaks: Mutex::default(),
+                parked: Mutex::default(),
             }),
         }
     }

@@ -104,11 +104,37 @@ impl Engine {
         batch: &[Incoming],
         round: &[Pending],
     ) -> Result<Vec<Claimed>, StoreError> {
-        let mut results: Vec<Claimed> = (0..round.len())
-            .map(|_| Ok(ClaimResult::Contended))
+        // A key whose answer this process still has to store (its row was
+        // held) is not claimed meanwhile: a takeover would call again.
+        let mut results: Vec<Claimed> = round
+            .iter()
+            .map(|p| {
+                Ok(if self.is_parked(&p.parsed.identity) {
+                    ClaimResult::Locked
+                } else {
+                    ClaimResult::Contended
+                })
+            })
             .collect();
-        let mut todo: Vec<usize> = (0..round.len()).collect();
+        let mut todo: Vec<usize> = (0..round.len())
+            .filter(|&i| {
+                results[i]
+                    .as_ref()
+                    .is_ok_and(|r| *r == ClaimResult::Contended)
+            })
+            .collect();
+        let parked = (round.len() - todo.len()) as u64;
+        if parked > 0 {
+            self.inner
+                .metrics
+                .claims
+                .with_label_values(&[claim_label(&ClaimResult::Locked)])
+                .inc_by(parked);
+        }
         for _ in 0..CONTENDED_RETRIES {
+            if todo.is_empty() {
+                break;
+            }
             let got = match self.claim(batch, round, &todo).await {
                 Ok(got) => got.into_iter().map(Ok).collect(),
                 Err(e) if e.is_transient() => return Err(e),

@@ -23,7 +23,7 @@ mod simulator_start;
 mod tls_target;
 mod unknown_outcomes;
 
-use dedupq::engine::{Decision, Engine, Outcome};
+use dedupq::engine::{Decision, Engine, Outcome, Unavailable};
 use std::sync::Arc;
 use std::time::Duration;
 use support::process::Provider;
@@ -42,10 +42,15 @@ pub async fn deliver_until_settled(
 ) -> Vec<Decision> {
     let mut seen = Vec::new();
     for _ in 0..50 {
-        let d = engine
-            .process(std::slice::from_ref(msg))
-            .await
-            .expect("store reachable");
+        let d = match engine.process(std::slice::from_ref(msg)).await {
+            Ok(d) => d,
+            // Paused for a provider outage: wait as asked, as a transport does.
+            Err(Unavailable::Provider { retry_after }) => {
+                tokio::time::sleep(retry_after).await;
+                continue;
+            }
+            Err(e) => panic!("store reachable: {e}"),
+        };
         let settled = !matches!(
             d[0].outcome,
             Outcome::Retried | Outcome::Unknown | Outcome::InFlight
