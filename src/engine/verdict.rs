@@ -40,16 +40,23 @@ impl Engine {
             .saturating_sub(self.inner.gate.paused_within(claim.age));
         let out_of_time = active >= opts.retry_for && !probe_failed;
         let last = (attempts >= opts.max_attempts && !probe_failed) || out_of_time;
-        // After an attempt whose outcome is unknown, only an answer about
-        // that first request settles the key: anything short of a success
-        // or a definitive refusal leaves it unknown.
-        let still_running = matches!(
+        // Retries that use no attempt (a fault, a provider still working on
+        // the key: 409) back off on a streak of their own. A provider that
+        // says "still working" for as many tries as the attempts allow is
+        // stuck: from then on its 409s count.
+        let is_409 = matches!(
             out,
             HandlerOutcome::Transient {
                 status: Some(409),
                 ..
             }
         );
+        let uncounted = is_409 || matches!(out, HandlerOutcome::Fault { .. });
+        let streak = self.streak(identity, uncounted);
+        let still_running = is_409 && streak <= opts.max_attempts;
+        // After an attempt whose outcome is unknown, only an answer about
+        // that first request settles the key: anything short of a success
+        // or a definitive refusal leaves it unknown.
         let out = match out {
             HandlerOutcome::Transient { error, .. } if claim.uncertain && !still_running => {
                 HandlerOutcome::Unknown { error }
@@ -65,10 +72,6 @@ impl Engine {
         if answered && self.inner.gate.paused().is_none() {
             self.inner.health.set(Component::Handler, true);
         }
-        // Retries that use no attempt (a fault, a provider still working on
-        // the key) back off on a streak of their own.
-        let uncounted = still_running || matches!(out, HandlerOutcome::Fault { .. });
-        let streak = self.streak(identity, uncounted);
         let retry = |retry_after: Option<Duration>| Action::RetryLater {
             after: opts
                 .backoff
