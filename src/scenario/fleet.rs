@@ -63,6 +63,10 @@ async fn wait_http(
 pub struct Instance {
     child: Option<Child>,
     config: PathBuf,
+    /// `store.url` of the config, also given as `DEDUPQ__STORE__URL`: the
+    /// environment overrides the file, and the scenario's own environment
+    /// names the administrator's URL, not the one the fleet is given.
+    store_url: Option<String>,
     log: PathBuf,
     pub http: SocketAddr,
 }
@@ -136,9 +140,15 @@ impl Fleet {
         config.insert("http".into(), toml::Value::Table(section));
         let path = self.dir.join(format!("dedupq-{i}.toml"));
         std::fs::write(&path, toml::to_string(&config)?)?;
+        let store_url = config
+            .get("store")
+            .and_then(|s| s.get("url"))
+            .and_then(toml::Value::as_str)
+            .map(str::to_string);
         self.instances.push(Instance {
             child: None,
             config: path,
+            store_url,
             log: self.dir.join(format!("dedupq-{i}.log")),
             http,
         });
@@ -149,7 +159,12 @@ impl Fleet {
     async fn spawn_instance(&mut self, i: usize) -> anyhow::Result<()> {
         let inst = &mut self.instances[i];
         let config = inst.config.to_string_lossy().to_string();
-        let mut child = spawn(&self.exe, &["run", "--config", &config], &[], &inst.log)?;
+        let envs: Vec<(&str, &str)> = inst
+            .store_url
+            .iter()
+            .map(|url| ("DEDUPQ__STORE__URL", url.as_str()))
+            .collect();
+        let mut child = spawn(&self.exe, &["run", "--config", &config], &envs, &inst.log)?;
         let url = format!("http://{}/readyz", inst.http);
         wait_http(
             &url,
