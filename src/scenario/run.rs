@@ -368,9 +368,12 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            report
-                .commits_ahead
-                .extend(verify::commits_ahead(offsets, &coordinates, keys));
+            // Sampled every second: each commit ahead counted once.
+            for c in verify::commits_ahead(offsets, &coordinates, keys) {
+                if !report.commits_ahead.contains(&c) {
+                    report.commits_ahead.push(c);
+                }
+            }
         }
         let finished = keys.as_ref().map(|k| {
             expected

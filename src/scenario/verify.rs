@@ -270,9 +270,11 @@ pub fn commits_ahead(
         })
         .filter_map(|(at, key)| {
             let key = key.as_ref()?;
+            // A key held `unknown` is settled as far as the broker goes:
+            // its dead letter is published, duplicates are answered.
             let open = keys
                 .get(key)
-                .is_none_or(|s| s.status == "in_progress" || s.status == "unknown");
+                .is_none_or(|s| s.status == "in_progress" || (s.status == "unknown" && !s.held));
             open.then(|| {
                 format!(
                     "partition {} offset {} ({key}) committed while open",
