@@ -4,6 +4,7 @@
 //! processes, inject faults, wait for quiescence and check every invariant
 //! against the provider's charges, the key table and the brokers.
 
+mod dead_letters;
 mod fleet;
 mod profile;
 mod publish;

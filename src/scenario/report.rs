@@ -34,6 +34,9 @@ pub struct Report {
     pub amqp_left: usize,
     pub kafka_dead_letters: BTreeMap<String, usize>,
     pub amqp_dead_letters: BTreeMap<String, usize>,
+    /// Dead letters (not conflicts) of payments the provider charged, as
+    /// `reason key`.
+    pub charged_dead_letters: Vec<String>,
     pub publish_seconds: f64,
     pub run_seconds: f64,
     pub quiesced: bool,
@@ -310,6 +313,11 @@ impl fmt::Display for Report {
             f,
             "dead letters (Kafka + RabbitMQ)",
             self.total_dead_letters().to_string(),
+        )?;
+        row(
+            f,
+            "  of payments the provider charged (no conflict)",
+            self.charged_dead_letters.len().to_string(),
         )?;
         for (transport, letters) in [
             ("Kafka", &self.kafka_dead_letters),

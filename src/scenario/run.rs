@@ -1,5 +1,6 @@
 //! Drives one scenario: services' endpoints in, a report out.
 
+use super::dead_letters;
 use super::fleet::Fleet;
 use super::profile::{Fault, Profile};
 use super::publish::{AmqpPublisher, Coordinates, KafkaPublisher};
@@ -474,9 +475,15 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     )
     .await?;
     report.amqp_left = depths.iter().map(|d| *d as usize).sum();
-    report.kafka_dead_letters =
-        verify::kafka_dead_letters(&opts.brokers, &format!("{}.dlq", names.topic))?;
-    report.amqp_dead_letters = verify::amqp_dead_letters(&opts.amqp_url, &names.dlq).await?;
+    let kafka_letters = dead_letters::kafka(&opts.brokers, &format!("{}.dlq", names.topic))?;
+    let amqp_letters = dead_letters::amqp(&opts.amqp_url, &names.dlq).await?;
+    report.kafka_dead_letters = dead_letters::by_reason(&kafka_letters);
+    report.amqp_dead_letters = dead_letters::by_reason(&amqp_letters);
+    let charged = |key: &str| ledger.get(key).is_some_and(|n| *n > 0);
+    report.charged_dead_letters = [kafka_letters, amqp_letters]
+        .iter()
+        .flat_map(|letters| dead_letters::of_charged(letters, charged))
+        .collect();
     report.judge();
     Ok(report)
 }

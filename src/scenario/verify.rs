@@ -6,7 +6,6 @@ use anyhow::Context;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
@@ -285,57 +284,6 @@ pub fn commits_ahead(
         .collect()
 }
 
-/// Dead letters on a Kafka topic, by reason header.
-pub fn kafka_dead_letters(brokers: &str, topic: &str) -> anyhow::Result<BTreeMap<String, usize>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("dedupq-check-{}", rand::random::<u32>()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions = meta
-        .topics()
-        .first()
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    let mut end = 0;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .unwrap_or((0, 0));
-        end += high - low;
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    let mut reasons = BTreeMap::new();
-    if end == 0 {
-        return Ok(reasons);
-    }
-    consumer.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut seen = 0;
-    while seen < end && std::time::Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            seen += 1;
-            let reason = m
-                .headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "dedupq-reason")
-                        .and_then(|h| h.value)
-                })
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_else(|| "<no reason>".into());
-            *reasons.entry(reason).or_default() += 1;
-        }
-    }
-    Ok(reasons)
-}
-
 /// Ready messages in each RabbitMQ queue (0 for a queue that is absent).
 pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32>> {
     let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
@@ -358,53 +306,6 @@ pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32
     }
     let _ = conn.close(200, "checked".into()).await;
     Ok(out)
-}
-
-/// Dead letters in a RabbitMQ queue by reason (drains it): the
-/// `dedupq-reason` header, or for what the broker dead-lettered itself the
-/// first `x-death` reason. Read through the management API, not lapin: the
-/// queue holds deliveries lapin cannot parse (non-UTF-8 properties), which
-/// would break its connection.
-pub async fn amqp_dead_letters(url: &str, queue: &str) -> anyhow::Result<BTreeMap<String, usize>> {
-    let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| anyhow::anyhow!("AMQP URL: {e}"))?;
-    let api = std::env::var("RABBITMQ_MANAGEMENT_URL")
-        .unwrap_or_else(|_| format!("http://{}:15672", uri.authority.host));
-    let vhost = if uri.vhost.is_empty() {
-        "/"
-    } else {
-        uri.vhost.as_str()
-    };
-    let user = &uri.authority.userinfo;
-    let messages: Vec<Value> = reqwest::Client::new()
-        .post(format!(
-            "{api}/api/queues/{}/{}/get",
-            url::form_urlencoded::byte_serialize(vhost.as_bytes()).collect::<String>(),
-            url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
-        ))
-        .basic_auth(&user.username, Some(&user.password))
-        .json(&serde_json::json!({
-            "count": 1_000_000,
-            "ackmode": "ack_requeue_false",
-            "encoding": "base64",
-            "truncate": 64
-        }))
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await?
-        .error_for_status()
-        .context("reading the dead-letter queue through the management API")?
-        .json()
-        .await?;
-    let mut reasons = BTreeMap::new();
-    for m in &messages {
-        let headers = &m["properties"]["headers"];
-        let reason = headers["dedupq-reason"]
-            .as_str()
-            .or_else(|| headers["x-death"][0]["reason"].as_str())
-            .unwrap_or("<no reason>");
-        *reasons.entry(reason.to_string()).or_default() += 1;
-    }
-    Ok(reasons)
 }
 
 #[cfg(test)]
