@@ -1,6 +1,6 @@
 //! The figures of a scenario run, and its verdict.
 
-use super::profile::Profile;
+use super::profile::{Fault, Profile};
 use super::run::Names;
 use super::verify::ChargeCheck;
 use super::workload::{Kind, Workload};
@@ -27,6 +27,10 @@ pub struct Report {
     pub kafka_restarts: usize,
     pub amqp_closes: usize,
     pub provider_stretches: usize,
+    /// The provider's ledger records requests in the order they arrive:
+    /// no PostgreSQL restart stalls it (requests waiting for it are then
+    /// recorded in any order).
+    pub ledger_in_order: bool,
     pub charges: usize,
     pub check: ChargeCheck,
     pub commits_ahead: Vec<String>,
@@ -69,6 +73,10 @@ impl Report {
             conflicts_injected: workload.count(Kind::Conflict),
             invalid_injected: workload.count(Kind::Invalid),
             hostile_injected: workload.hostile_reasons(),
+            ledger_in_order: !profile
+                .faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::RestartPostgres)),
             ..Self::default()
         }
     }
@@ -128,13 +136,24 @@ impl Report {
                 &self.check.missing[..self.check.missing.len().min(5)]
             ));
         }
-        for (what, list) in [
+        let mut listed = vec![
             ("stored failed but charged", &self.check.failed_but_charged),
             (
                 "stored done but not charged",
                 &self.check.done_but_not_charged,
             ),
-        ] {
+            (
+                "stored failed, neither charged nor refused by the provider",
+                &self.check.failed_not_refused,
+            ),
+        ];
+        if self.ledger_in_order {
+            listed.push((
+                "charged by a call on an ended lease (after a later attempt's charge)",
+                &self.check.calls_out_of_order,
+            ));
+        }
+        for (what, list) in listed {
             if !list.is_empty() {
                 v.push(format!(
                     "{} payments {what}, e.g. {:?}",
@@ -281,8 +300,23 @@ impl fmt::Display for Report {
         )?;
         row(
             f,
-            "stored failed, not charged (provider agrees)",
-            self.check.failed_uncharged.to_string(),
+            "stored failed, declined (provider agrees)",
+            self.check.failed_declined.to_string(),
+        )?;
+        row(
+            f,
+            "stored failed, neither charged nor refused",
+            self.check.failed_not_refused.len().to_string(),
+        )?;
+        row(
+            f,
+            "charged but not stored done",
+            self.check.charged_not_done.to_string(),
+        )?;
+        row(
+            f,
+            "charged by a call on an ended lease (2)",
+            self.check.calls_out_of_order.len().to_string(),
         )?;
         row(
             f,
@@ -377,6 +411,10 @@ impl fmt::Display for Report {
         }
         writeln!(f, "  (1) the attempt was killed after the provider charged, or got no answer; dedupq retried")?;
         writeln!(f, "      with the same derived key, which a provider that honours keys answers with the first charge")?;
+        writeln!(
+            f,
+            "  (2) recorded after a later attempt's charge of the same key"
+        )?;
         if !self.timeline.is_empty() {
             writeln!(f, "  faults:")?;
             for t in &self.timeline {

@@ -479,7 +479,7 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     let amqp_letters = dead_letters::amqp(&opts.amqp_url, &names.dlq).await?;
     report.kafka_dead_letters = dead_letters::by_reason(&kafka_letters);
     report.amqp_dead_letters = dead_letters::by_reason(&amqp_letters);
-    let charged = |key: &str| ledger.get(key).is_some_and(|n| *n > 0);
+    let charged = |key: &str| ledger.get(key).is_some_and(|l| l.charged > 0);
     report.charged_dead_letters = [kafka_letters, amqp_letters]
         .iter()
         .flat_map(|letters| dead_letters::of_charged(letters, charged))

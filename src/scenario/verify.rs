@@ -82,8 +82,17 @@ impl ChargeRow {
     }
 }
 
-/// `GET /stats/keys`: charges that moved money, per idempotency key.
-pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, i64>> {
+/// What the provider's ledger holds for one idempotency key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledgered {
+    /// Charges that moved money.
+    pub charged: i64,
+    /// Requests the provider refused (a declined card).
+    pub declined: i64,
+}
+
+/// `GET /stats/keys`, per idempotency key.
+pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, Ledgered>> {
     let keys: Vec<crate::provider::KeyCharges> = reqwest::get(format!("{provider}/stats/keys"))
         .await?
         .error_for_status()?
@@ -91,7 +100,14 @@ pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, i64>> {
         .await?;
     Ok(keys
         .into_iter()
-        .map(|k| (k.idempotency_key, k.charged))
+        .map(|k| {
+            let declined = k.charges.iter().filter(|c| c.state == "declined").count();
+            let entry = Ledgered {
+                charged: k.charged,
+                declined: declined as i64,
+            };
+            (k.idempotency_key, entry)
+        })
         .collect())
 }
 
@@ -122,20 +138,32 @@ pub struct ChargeCheck {
     pub failed_but_charged: Vec<String>,
     /// Stored `done` with no charge in the provider's ledger.
     pub done_but_not_charged: Vec<String>,
-    /// Stored `failed`, and the provider agrees (no charge).
-    pub failed_uncharged: usize,
+    /// Stored `failed`, and the provider agrees (it declined, no charge).
+    pub failed_declined: usize,
+    /// Stored `failed`, though the provider neither charged nor refused
+    /// it: nothing it said can have made the payment fail.
+    pub failed_not_refused: Vec<String>,
+    /// Charged, and not stored `done` (stored failed, left open, or held).
+    pub charged_not_done: usize,
+    /// A charge by an attempt recorded after a charge by a later attempt
+    /// of the same key: the later attempt claimed only once the earlier
+    /// one's lease had ended, so the earlier one called on an ended lease.
+    /// Only visible when the provider ignores keys (otherwise the second
+    /// call is answered with the first charge and leaves no row), and
+    /// proof only while the provider records requests as they arrive.
+    pub calls_out_of_order: Vec<String>,
     /// Held `unknown` for an operator, each with the provider's charge
     /// count: legitimate, never hidden.
     pub held: Vec<String>,
 }
 
 /// `expected`: the derived keys (`tenant:key`) of every unique payment;
-/// `ledger`: the provider's charges that moved money, per derived key.
+/// `ledger`: what the provider's ledger holds, per derived key.
 pub fn check_charges(
     expected: &[String],
     keys: &HashMap<String, KeyState>,
     charges: &[ChargeRow],
-    ledger: &HashMap<String, i64>,
+    ledger: &HashMap<String, Ledgered>,
     killed: &[u32],
 ) -> ChargeCheck {
     let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
@@ -144,13 +172,19 @@ pub fn check_charges(
             by_key.entry(k).or_default().push(c);
         }
     }
-    let mut out = ChargeCheck::default();
+    let mut out = ChargeCheck {
+        calls_out_of_order: calls_out_of_order(&by_key),
+        ..ChargeCheck::default()
+    };
     for key in expected {
         let Some(state) = keys.get(key) else {
             out.missing.push(key.clone());
             continue;
         };
-        let charged = ledger.get(key).copied().unwrap_or(0);
+        let Ledgered { charged, declined } = ledger.get(key).copied().unwrap_or_default();
+        if charged > 0 && state.status != "done" {
+            out.charged_not_done += 1;
+        }
         match state.status.as_str() {
             "done" if charged == 0 => {
                 out.done_but_not_charged.push(key.clone());
@@ -162,8 +196,14 @@ pub fn check_charges(
                     .push(format!("{key}: the provider charged it {charged} time(s)"));
                 continue;
             }
+            "failed" if declined > 0 => {
+                out.failed_declined += 1;
+                continue;
+            }
             "failed" => {
-                out.failed_uncharged += 1;
+                out.failed_not_refused.push(format!(
+                    "{key}: the provider has neither a charge nor a refusal"
+                ));
                 continue;
             }
             "unknown" if state.held => {
@@ -215,6 +255,33 @@ pub fn check_charges(
                 .count();
         }
     }
+    out
+}
+
+/// Per key, the charges (in the order the provider recorded them) whose
+/// attempt is lower than that of a charge recorded before them.
+fn calls_out_of_order(by_key: &HashMap<&str, Vec<&ChargeRow>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, made) in by_key {
+        let mut made = made.clone();
+        made.sort_by_key(|c| c.id);
+        let mut latest: Option<&ChargeRow> = None;
+        for c in made {
+            let attempt = c.attempt.unwrap_or(0);
+            match latest {
+                Some(l) if attempt < l.attempt.unwrap_or(0) => out.push(format!(
+                    "{key}: ch_{} by attempt {attempt} ({}) after ch_{} by attempt {}",
+                    c.id,
+                    c.owner.as_deref().unwrap_or("?"),
+                    l.id,
+                    l.attempt.unwrap_or(0)
+                )),
+                Some(l) if attempt <= l.attempt.unwrap_or(0) => {}
+                _ => latest = Some(c),
+            }
+        }
+    }
+    out.sort();
     out
 }
 
@@ -337,6 +404,7 @@ mod tests {
             "t:ok",
             "t:failed-charged",
             "t:failed",
+            "t:declined",
             "t:done-free",
             "t:held-charged",
             "t:held-free",
@@ -350,6 +418,7 @@ mod tests {
             ("t:ok", key("done", false, Some("ch_1"))),
             ("t:failed-charged", key("failed", false, None)),
             ("t:failed", key("failed", false, None)),
+            ("t:declined", key("failed", false, None)),
             ("t:done-free", key("done", false, Some("ch_9"))),
             ("t:held-charged", key("unknown", true, None)),
             ("t:held-free", key("unknown", true, None)),
@@ -363,17 +432,32 @@ mod tests {
             charge(2, "t:failed-charged"),
             charge(3, "t:held-charged"),
         ];
-        let ledger: HashMap<String, i64> =
-            [("t:ok", 1), ("t:failed-charged", 1), ("t:held-charged", 1)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
+        let charged = Ledgered {
+            charged: 1,
+            declined: 0,
+        };
+        let refused = Ledgered {
+            charged: 0,
+            declined: 1,
+        };
+        let ledger: HashMap<String, Ledgered> = [
+            ("t:ok", charged),
+            ("t:failed-charged", charged),
+            ("t:held-charged", charged),
+            ("t:declined", refused),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
 
         let out = check_charges(&expected, &keys, &charges, &ledger, &[]);
         assert_eq!(out.charged_keys, 1);
         assert_eq!(out.failed_but_charged.len(), 1);
         assert!(out.failed_but_charged[0].starts_with("t:failed-charged"));
-        assert_eq!(out.failed_uncharged, 1);
+        assert_eq!(out.failed_declined, 1);
+        assert_eq!(out.failed_not_refused.len(), 1);
+        assert!(out.failed_not_refused[0].starts_with("t:failed:"));
+        assert_eq!(out.charged_not_done, 2, "failed-charged and held-charged");
         assert_eq!(out.done_but_not_charged, vec!["t:done-free".to_string()]);
         assert_eq!(out.held.len(), 2);
         assert!(out
@@ -387,6 +471,35 @@ mod tests {
         assert_eq!(out.unfinished, vec!["t:open (in_progress)".to_string()]);
         assert_eq!(out.missing, vec!["t:absent".to_string()]);
         assert!(out.double_charged.is_empty());
+    }
+
+    #[test]
+    fn a_charge_by_an_earlier_attempt_recorded_after_a_later_attempts_is_a_call_on_an_ended_lease()
+    {
+        let by = |id: i64, key: &str, attempt: i32| ChargeRow {
+            attempt: Some(attempt),
+            owner: Some(format!("host-{}-x", 100 + attempt)),
+            ..charge(id, key)
+        };
+        let charges = [
+            by(1, "t:stale", 1),
+            by(2, "t:stale", 2),
+            by(3, "t:stale", 1),
+            by(4, "t:in-order", 1),
+            by(5, "t:in-order", 2),
+            by(6, "t:in-order", 2),
+        ];
+        let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
+        for c in &charges {
+            by_key
+                .entry(c.idempotency_key.as_deref().unwrap_or_default())
+                .or_default()
+                .push(c);
+        }
+        assert_eq!(
+            calls_out_of_order(&by_key),
+            vec!["t:stale: ch_3 by attempt 1 (host-101-x) after ch_2 by attempt 2".to_string()]
+        );
     }
 
     #[test]
