@@ -188,6 +188,25 @@ impl Fleet {
         }
     }
 
+    /// The pid of instance `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.instances[i].child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP instance `i` (frozen: no lease renewal, no I/O, as a long
+    /// GC pause or a stalled VM looks) or SIGCONT it.
+    pub fn freeze(&self, i: usize, frozen: bool) -> anyhow::Result<()> {
+        let pid = self
+            .pid(i)
+            .ok_or_else(|| anyhow!("instance {i} is not running"))?;
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
+    }
+
     pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
         self.kill(i);
         self.spawn_instance(i).await

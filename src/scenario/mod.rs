@@ -5,7 +5,9 @@
 //! against the provider's charges, the key table and the brokers.
 
 mod dead_letters;
+mod faults;
 mod fleet;
+mod pg_faults;
 mod profile;
 mod publish;
 mod raw_amqp;

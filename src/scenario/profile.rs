@@ -17,6 +17,40 @@ pub enum Fault {
         knobs: Value,
         for_: Duration,
     },
+    /// The fleet's PostgreSQL role read-only for a while (its sessions
+    /// cut: a failover as clients see it), then writable for new sessions
+    /// only: dedupq must replace its read-only ones itself.
+    PostgresReadOnly {
+        for_: Duration,
+    },
+    /// A statement timeout on the fleet's role for a while (sessions cut
+    /// on both changes, so each applies at once).
+    StatementTimeout {
+        timeout: Duration,
+        for_: Duration,
+    },
+    /// Row locks from the run's own session on up to `each` key rows in
+    /// progress and as many just done, held for a while, then rolled back.
+    RowLocks {
+        each: i64,
+        for_: Duration,
+    },
+    /// SIGSTOP the instance holding the most claims for the lease and
+    /// `beyond` it, then SIGCONT: its claims are taken over meanwhile.
+    FreezePastLease {
+        beyond: Duration,
+    },
+}
+
+impl Fault {
+    /// Whether the fault changes the fleet's PostgreSQL sessions, so the
+    /// fleet must log in as a role of the run's own.
+    fn needs_own_role(&self) -> bool {
+        matches!(
+            self,
+            Fault::PostgresReadOnly { .. } | Fault::StatementTimeout { .. }
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -34,6 +68,13 @@ pub struct Profile {
     /// Provider knobs at the start and after every stretch.
     pub base_knobs: Value,
     pub quiesce_limit: Duration,
+}
+
+impl Profile {
+    /// Whether the fleet must log in as a PostgreSQL role of the run's own.
+    pub fn needs_own_role(&self) -> bool {
+        self.faults.iter().any(|(_, f)| f.needs_own_role())
+    }
 }
 
 /// Provider knobs between stretches: fast, no failures, bodies of a

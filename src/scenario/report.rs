@@ -27,6 +27,11 @@ pub struct Report {
     pub kafka_restarts: usize,
     pub amqp_closes: usize,
     pub provider_stretches: usize,
+    pub pg_read_only: usize,
+    pub pg_timeouts: usize,
+    pub pg_row_locks: usize,
+    /// SIGSTOPs past the lease (each followed by a SIGCONT).
+    pub freezes: usize,
     /// The provider's ledger records requests in the order they arrive:
     /// no PostgreSQL restart stalls it (requests waiting for it are then
     /// recorded in any order).
@@ -145,6 +150,10 @@ impl Report {
             (
                 "stored failed, neither charged nor refused by the provider",
                 &self.check.failed_not_refused,
+            ),
+            (
+                "charged by a frozen process's call on an ended lease",
+                &self.check.calls_after_freeze,
             ),
         ];
         if self.ledger_in_order {
@@ -280,6 +289,19 @@ impl fmt::Display for Report {
             "provider slow/failing/hanging stretches",
             self.provider_stretches.to_string(),
         )?;
+        row(
+            f,
+            "PostgreSQL read-only / timeout / row-lock stretches",
+            format!(
+                "{} / {} / {}",
+                self.pg_read_only, self.pg_timeouts, self.pg_row_locks
+            ),
+        )?;
+        row(
+            f,
+            "dedupq SIGSTOPs past the lease",
+            self.freezes.to_string(),
+        )?;
         row(f, "charges at the provider", self.charges.to_string())?;
         row(f, "payments charged", self.check.charged_keys.to_string())?;
         row(
@@ -316,7 +338,11 @@ impl fmt::Display for Report {
         row(
             f,
             "charged by a call on an ended lease (2)",
-            self.check.calls_out_of_order.len().to_string(),
+            format!(
+                "{} / {}",
+                self.check.calls_out_of_order.len(),
+                self.check.calls_after_freeze.len()
+            ),
         )?;
         row(
             f,
@@ -411,10 +437,7 @@ impl fmt::Display for Report {
         }
         writeln!(f, "  (1) the attempt was killed after the provider charged, or got no answer; dedupq retried")?;
         writeln!(f, "      with the same derived key, which a provider that honours keys answers with the first charge")?;
-        writeln!(
-            f,
-            "  (2) recorded after a later attempt's charge of the same key"
-        )?;
+        writeln!(f, "  (2) after a later attempt's charge / by a process frozen past its lease, once it ended")?;
         if !self.timeline.is_empty() {
             writeln!(f, "  faults:")?;
             for t in &self.timeline {

@@ -73,6 +73,9 @@ pub struct ChargeRow {
     pub attempt: Option<i32>,
     pub owner: Option<String>,
     pub state: String,
+    /// When the provider recorded it, on PostgreSQL's clock (the one
+    /// leases are compared on: the ledger lives in the same server).
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl ChargeRow {
@@ -152,6 +155,9 @@ pub struct ChargeCheck {
     /// call is answered with the first charge and leaves no row), and
     /// proof only while the provider records requests as they arrive.
     pub calls_out_of_order: Vec<String>,
+    /// Calls a frozen process made once its lease had ended (see
+    /// `calls_after_freeze`).
+    pub calls_after_freeze: Vec<String>,
     /// Held `unknown` for an operator, each with the provider's charge
     /// count: legitimate, never hidden.
     pub held: Vec<String>,
@@ -285,6 +291,57 @@ fn calls_out_of_order(by_key: &HashMap<&str, Vec<&ChargeRow>>) -> Vec<String> {
     out
 }
 
+/// A claim a frozen process held, as PostgreSQL had it once the process
+/// could renew no more.
+#[derive(Debug, Clone)]
+pub struct FrozenClaim {
+    pub derived_key: String,
+    pub owner: String,
+    pub attempt: i32,
+    pub lease_until: chrono::DateTime<chrono::Utc>,
+}
+
+/// How long after a lease's end a request sent just before it may still
+/// reach the provider's ledger (a loaded machine, the provider's pool).
+const IN_TRANSIT: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
+/// Charges a frozen process's attempt made well after that attempt's lease
+/// had ended, of keys another attempt claimed since: the process started a
+/// provider call after the stall without re-checking its lease in
+/// PostgreSQL (DESIGN, invariant 8). Had it re-checked and found its claim
+/// still there, its lease would have been live again and no other attempt
+/// could have claimed the key while the call ran, so such a call (on a key
+/// nobody else claimed) is not counted.
+pub fn calls_after_freeze(
+    frozen: &[FrozenClaim],
+    charges: &[ChargeRow],
+    keys: &HashMap<String, KeyState>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for claim in frozen {
+        let claimed_again = keys
+            .get(&claim.derived_key)
+            .is_some_and(|k| k.attempts > claim.attempt);
+        for c in charges.iter().filter(|c| {
+            claimed_again
+                && c.idempotency_key.as_deref() == Some(claim.derived_key.as_str())
+                && c.owner.as_deref() == Some(claim.owner.as_str())
+                && c.attempt == Some(claim.attempt)
+                && c.created_at > claim.lease_until + IN_TRANSIT
+        }) {
+            out.push(format!(
+                "{}: ch_{} by attempt {} at {}, its lease ended at {}",
+                claim.derived_key,
+                c.id,
+                claim.attempt,
+                c.created_at.format("%H:%M:%S%.3f"),
+                claim.lease_until.format("%H:%M:%S%.3f")
+            ));
+        }
+    }
+    out
+}
+
 fn kafka_consumer(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -395,6 +452,7 @@ mod tests {
             attempt: Some(1),
             owner: None,
             state: "succeeded".into(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
         }
     }
 
@@ -500,6 +558,53 @@ mod tests {
             calls_out_of_order(&by_key),
             vec!["t:stale: ch_3 by attempt 1 (host-101-x) after ch_2 by attempt 2".to_string()]
         );
+    }
+
+    #[test]
+    fn a_frozen_attempt_charging_well_after_its_lease_ended_on_a_key_claimed_since_is_a_call_on_an_ended_lease(
+    ) {
+        let at = |s: i64| chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::seconds(s);
+        let claim = |key: &str| FrozenClaim {
+            derived_key: key.into(),
+            owner: "host-7-x".into(),
+            attempt: 1,
+            lease_until: at(100),
+        };
+        let frozen = [
+            claim("t:late"),
+            claim("t:in-time"),
+            claim("t:other"),
+            claim("t:revalidated"),
+        ];
+        let keys: HashMap<String, KeyState> = [
+            ("t:late", 2),
+            ("t:in-time", 2),
+            ("t:other", 2),
+            ("t:revalidated", 1),
+        ]
+        .into_iter()
+        .map(|(k, attempts)| {
+            let state = KeyState {
+                attempts,
+                ..key("done", false, None)
+            };
+            (k.to_string(), state)
+        })
+        .collect();
+        let by = |id: i64, key: &str, owner: &str, secs: i64| ChargeRow {
+            owner: Some(owner.into()),
+            created_at: at(secs),
+            ..charge(id, key)
+        };
+        let charges = [
+            by(1, "t:late", "host-7-x", 105),
+            by(2, "t:in-time", "host-7-x", 100),
+            by(3, "t:other", "host-8-y", 105),
+            by(4, "t:revalidated", "host-7-x", 105),
+        ];
+        let found = calls_after_freeze(&frozen, &charges, &keys);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("t:late: ch_1 by attempt 1"));
     }
 
     #[test]
