@@ -32,6 +32,8 @@ pub struct Report {
     pub pg_row_locks: usize,
     /// SIGSTOPs past the lease (each followed by a SIGCONT).
     pub freezes: usize,
+    /// See `Profile::settle_every_key`.
+    pub settle_every_key: bool,
     /// The provider's ledger records requests in the order they arrive:
     /// no PostgreSQL restart stalls it (requests waiting for it are then
     /// recorded in any order).
@@ -78,6 +80,7 @@ impl Report {
             conflicts_injected: workload.count(Kind::Conflict),
             invalid_injected: workload.count(Kind::Invalid),
             hostile_injected: workload.hostile_reasons(),
+            settle_every_key: profile.settle_every_key,
             ledger_in_order: !profile
                 .faults
                 .iter()
@@ -161,6 +164,10 @@ impl Report {
                 "charged by a call on an ended lease (after a later attempt's charge)",
                 &self.check.calls_out_of_order,
             ));
+        }
+        if self.settle_every_key {
+            listed.push(("held unknown, not settled", &self.check.held));
+            listed.push(("charged and dead-lettered", &self.charged_dead_letters));
         }
         for (what, list) in listed {
             if !list.is_empty() {

@@ -124,7 +124,20 @@ filter = "info"
         dlq = names.dlq,
         max_body_bytes = profile.workload.max_body_bytes,
     );
-    Ok(text.parse()?)
+    let mut config: toml::Table = text.parse()?;
+    let mut set = |section: &str, name: &str, value: toml::Value| {
+        if let Some(toml::Value::Table(t)) = config.get_mut(section) {
+            t.insert(name.into(), value);
+        }
+    };
+    if profile.lookup {
+        let url = format!("{provider}/charges/lookup?key={{derived_key}}");
+        set("handler", "lookup_url", url.into());
+    }
+    if let Some(n) = profile.concurrency {
+        set("engine", "concurrency", toml::Value::Integer(n as i64));
+    }
+    Ok(config)
 }
 
 async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
