@@ -259,6 +259,15 @@ impl Profile {
                             for_: secs(5),
                         },
                     ),
+                    // Statements here are fast: a locked row makes one
+                    // wait, and 300 ms ends it before store.lock_timeout.
+                    (
+                        secs(14),
+                        Fault::RowLocks {
+                            each: 3,
+                            for_: secs(3),
+                        },
+                    ),
                     (
                         secs(20),
                         Fault::RowLocks {
@@ -269,9 +278,9 @@ impl Profile {
                     stretch(27, json!({"error_after_charge_rate": 0.2}), 6),
                     // Until 5 s after the SIGCONT: calls the frozen
                     // process makes then must leave charges to be seen.
-                    stretch(35, json!({"latency": "1s", "honour_keys": false}), 17),
-                    (secs(38), Fault::FreezePastLease { beyond: secs(4) }),
-                    stretch(53, json!({"fail_rate": 1.0, "fail_retry_after": false}), 20),
+                    stretch(35, json!({"latency": "1s", "honour_keys": false}), 20),
+                    (secs(38), Fault::FreezePastLease { beyond: secs(6) }),
+                    stretch(56, json!({"fail_rate": 1.0, "fail_retry_after": false}), 20),
                 ],
                 provider_ignores_keys: false,
                 base_knobs: json!({
