@@ -2,8 +2,8 @@
 //! with its reason and, when dedupq parsed the message that far, its
 //! derived key (to hold against the provider's ledger).
 
+use crate::cli::kafka_headers;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -86,13 +86,15 @@ pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
     while seen < end && std::time::Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
             seen += 1;
+            // Read as bytes: a dead letter keeps the producer's header
+            // names, which need not be UTF-8 (rdkafka's own reader panics).
+            let headers = kafka_headers::read(&m);
             let header = |name: &str| {
-                m.headers().and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == name)
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                })
+                headers
+                    .iter()
+                    .find(|h| h.named(name))
+                    .and_then(|h| h.value.as_deref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
             };
             letters.push(DeadLetter::new(
                 header("dedupq-reason"),
