@@ -200,7 +200,7 @@ pub struct ProviderArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ScenarioArgs {
-    /// demo, ci, hostile (poison on both transports and a hostile provider, no service restarts), long, or broken (short, for builds with a guarantee switched off).
+    /// demo, ci, hostile (poison on both transports and a hostile provider, no service restarts), dependencies (PostgreSQL read-only, timing out and row-locked, a provider failing after it charged and in an outage, a process frozen past its lease; no service restarts), long, or broken (short, for builds with a guarantee switched off).
     #[arg(long)]
     pub profile: Option<String>,
     #[command(flatten)]

@@ -80,6 +80,57 @@ async fn charge(
     if fate.hang_before_charge {
         std::future::pending::<()>().await;
     }
+    let ledger = s.ledger.clone();
+    let charging = charge(s, headers, raw, body, fate, knobs);
+    let reply = if fate.after_charge == AfterCharge::Hang {
+        // Runs in the request: the charge completes once its caller hangs
+        // up (see `finish`).
+        charging.await
+    } else {
+        // Spawned: a request received is carried out even if its caller
+        // hangs up meanwhile, as a real provider's is. In the request, a
+        // hang-up while the charge was being recorded dropped it half done:
+        // recorded, never completed, answering every retry 409.
+        match tokio::spawn(charging).await {
+            Ok(reply) => reply,
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e),
+        }
+    };
+    // Back in the request, so only while its caller is still there.
+    if let Some(id) = reply.delivers {
+        if let Err(e) = ledger.mark_answered(id).await {
+            return internal(e);
+        }
+    }
+    reply.response
+}
+
+/// An answer, and the charge whose answer it delivers (noted as answered
+/// once it is sent).
+struct Reply {
+    response: Response,
+    delivers: Option<i64>,
+}
+
+impl From<Response> for Reply {
+    fn from(response: Response) -> Self {
+        Self {
+            response,
+            delivers: None,
+        }
+    }
+}
+
+/// Records the charge (or finds the key's earlier one) and answers as
+/// `fate` says.
+async fn charge(
+    s: AppState,
+    headers: HeaderMap,
+    raw: Bytes,
+    body: Value,
+    fate: Fate,
+    knobs: Knobs,
+) -> Reply {
     let received = receive(&headers, &raw, &body);
     let key = received.caller.key;
     let card = body.get("card").and_then(Value::as_str);
@@ -91,16 +142,16 @@ async fn charge(
             .await
         {
             Ok(Ok(id)) => id,
-            Ok(Err(existing)) => return repeat(existing, &received, knobs.compare),
-            Err(e) => return internal(e),
+            Ok(Err(existing)) => return repeat(existing, &received, knobs.compare).into(),
+            Err(e) => return internal(e).into(),
         },
         _ => match s.ledger.charge_always(&received, declined.as_ref()).await {
             Ok(id) => id,
-            Err(e) => return internal(e),
+            Err(e) => return internal(e).into(),
         },
     };
     if let Some(declined) = declined {
-        return declined.into_response();
+        return declined.into_response().into();
     }
     let answer = answer::charged(id, &body, key, &received.request_hash, fate.odd_answer);
     if fate.error_after_charge {
@@ -112,8 +163,11 @@ async fn charge(
         };
         // The charge completes (and is what a repeat replays, or the error
         // itself); this request is told it failed.
-        let _ = finish(&s.ledger, id, kept, &fate, &knobs).await;
-        return failed.into_response();
+        let delivers = finish(&s.ledger, id, kept, &fate, &knobs).await.delivers;
+        return Reply {
+            response: failed.into_response(),
+            delivers,
+        };
     }
     finish(&s.ledger, id, answer, &fate, &knobs).await
 }
@@ -183,7 +237,7 @@ fn repeat(existing: Existing, received: &Received<'_>, compare: Compare) -> Resp
 
 /// Completes a recorded charge and answers, as the fate says. The key
 /// counts as running (409 to a repeat) until the charge completes.
-async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &Knobs) -> Response {
+async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &Knobs) -> Reply {
     let wait = match fate.after_charge {
         AfterCharge::Answer => knobs.latency,
         AfterCharge::Slow(d) => knobs.latency + d,
@@ -196,7 +250,7 @@ async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &K
                 id,
                 answer: Some(answer),
             };
-            return std::future::pending::<Response>().await;
+            return std::future::pending::<Reply>().await;
         }
     };
     // Spawned: a charge, once recorded, completes even if the caller hangs
@@ -211,13 +265,13 @@ async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &K
     };
     match completing.await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return internal(e),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e),
+        Ok(Err(e)) => return internal(e).into(),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e).into(),
     }
-    if let Err(e) = ledger.mark_answered(id).await {
-        return internal(e);
+    Reply {
+        response: answer.into_response(),
+        delivers: Some(id),
     }
-    answer.into_response()
 }
 
 struct CompleteOnDrop {

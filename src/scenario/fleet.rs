@@ -63,6 +63,10 @@ async fn wait_http(
 pub struct Instance {
     child: Option<Child>,
     config: PathBuf,
+    /// `store.url` of the config, also given as `DEDUPQ__STORE__URL`: the
+    /// environment overrides the file, and the scenario's own environment
+    /// names the administrator's URL, not the one the fleet is given.
+    store_url: Option<String>,
     log: PathBuf,
     pub http: SocketAddr,
 }
@@ -136,9 +140,15 @@ impl Fleet {
         config.insert("http".into(), toml::Value::Table(section));
         let path = self.dir.join(format!("dedupq-{i}.toml"));
         std::fs::write(&path, toml::to_string(&config)?)?;
+        let store_url = config
+            .get("store")
+            .and_then(|s| s.get("url"))
+            .and_then(toml::Value::as_str)
+            .map(str::to_string);
         self.instances.push(Instance {
             child: None,
             config: path,
+            store_url,
             log: self.dir.join(format!("dedupq-{i}.log")),
             http,
         });
@@ -149,7 +159,12 @@ impl Fleet {
     async fn spawn_instance(&mut self, i: usize) -> anyhow::Result<()> {
         let inst = &mut self.instances[i];
         let config = inst.config.to_string_lossy().to_string();
-        let mut child = spawn(&self.exe, &["run", "--config", &config], &[], &inst.log)?;
+        let envs: Vec<(&str, &str)> = inst
+            .store_url
+            .iter()
+            .map(|url| ("DEDUPQ__STORE__URL", url.as_str()))
+            .collect();
+        let mut child = spawn(&self.exe, &["run", "--config", &config], &envs, &inst.log)?;
         let url = format!("http://{}/readyz", inst.http);
         wait_http(
             &url,
@@ -171,6 +186,25 @@ impl Fleet {
             let _ = child.wait();
             self.kills.push(Kill { pid });
         }
+    }
+
+    /// The pid of instance `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.instances[i].child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP instance `i` (frozen: no lease renewal, no I/O, as a long
+    /// GC pause or a stalled VM looks) or SIGCONT it.
+    pub fn freeze(&self, i: usize, frozen: bool) -> anyhow::Result<()> {
+        let pid = self
+            .pid(i)
+            .ok_or_else(|| anyhow!("instance {i} is not running"))?;
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
     }
 
     pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {

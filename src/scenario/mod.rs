@@ -4,7 +4,10 @@
 //! processes, inject faults, wait for quiescence and check every invariant
 //! against the provider's charges, the key table and the brokers.
 
+mod dead_letters;
+mod faults;
 mod fleet;
+mod pg_faults;
 mod profile;
 mod publish;
 mod raw_amqp;

@@ -1,4 +1,5 @@
-//! Named scenario profiles: the demo, the CI chaos run, the long chaos run.
+//! Named scenario profiles: the demo, the CI chaos runs (`ci`, `hostile`,
+//! `dependencies`), the long chaos run.
 
 use super::workload::WorkloadSpec;
 use serde_json::{json, Value};
@@ -17,6 +18,40 @@ pub enum Fault {
         knobs: Value,
         for_: Duration,
     },
+    /// The fleet's PostgreSQL role read-only for a while (its sessions
+    /// cut: a failover as clients see it), then writable for new sessions
+    /// only: dedupq must replace its read-only ones itself.
+    PostgresReadOnly {
+        for_: Duration,
+    },
+    /// A statement timeout on the fleet's role for a while (sessions cut
+    /// on both changes, so each applies at once).
+    StatementTimeout {
+        timeout: Duration,
+        for_: Duration,
+    },
+    /// Row locks from the run's own session on up to `each` key rows in
+    /// progress and as many just done, held for a while, then rolled back.
+    RowLocks {
+        each: i64,
+        for_: Duration,
+    },
+    /// SIGSTOP the instance holding the most claims for the lease and
+    /// `beyond` it, then SIGCONT: its claims are taken over meanwhile.
+    FreezePastLease {
+        beyond: Duration,
+    },
+}
+
+impl Fault {
+    /// Whether the fault changes the fleet's PostgreSQL sessions, so the
+    /// fleet must log in as a role of the run's own.
+    fn needs_own_role(&self) -> bool {
+        matches!(
+            self,
+            Fault::PostgresReadOnly { .. } | Fault::StatementTimeout { .. }
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -33,7 +68,23 @@ pub struct Profile {
     pub provider_ignores_keys: bool,
     /// Provider knobs at the start and after every stretch.
     pub base_knobs: Value,
+    /// `engine.concurrency` of the fleet (None: its default).
+    pub concurrency: Option<usize>,
+    /// Point `handler.lookup_url` at the provider's lookup, so a key whose
+    /// outcome is unknown can settle without a second request.
+    pub lookup: bool,
+    /// Every key must end done or failed: a key held `unknown` for an
+    /// operator, or a dead letter of a payment the provider charged, is a
+    /// violation (elsewhere both are listed only).
+    pub settle_every_key: bool,
     pub quiesce_limit: Duration,
+}
+
+impl Profile {
+    /// Whether the fleet must log in as a PostgreSQL role of the run's own.
+    pub fn needs_own_role(&self) -> bool {
+        self.faults.iter().any(|(_, f)| f.needs_own_role())
+    }
 }
 
 /// Provider knobs between stretches: fast, no failures, bodies of a
@@ -78,7 +129,8 @@ fn stretch(at: u64, knobs: Value, for_: u64) -> (Duration, Fault) {
 }
 
 impl Profile {
-    pub const NAMES: [&'static str; 5] = ["demo", "ci", "hostile", "long", "broken"];
+    pub const NAMES: [&'static str; 6] =
+        ["demo", "ci", "hostile", "dependencies", "long", "broken"];
 
     pub fn named(name: &str) -> Option<Self> {
         Some(match name {
@@ -91,6 +143,9 @@ impl Profile {
                 faults: vec![(secs(8), Fault::KillOne)],
                 provider_ignores_keys: false,
                 base_knobs: base_knobs(),
+                concurrency: None,
+                lookup: false,
+                settle_every_key: false,
                 quiesce_limit: secs(120),
             },
             "ci" => Profile {
@@ -128,6 +183,9 @@ impl Profile {
                 ],
                 provider_ignores_keys: true,
                 base_knobs: base_knobs(),
+                concurrency: None,
+                lookup: false,
+                settle_every_key: false,
                 quiesce_limit: secs(240),
             },
             // Hostile input and a provider that honours keys as Stripe does
@@ -173,7 +231,75 @@ impl Profile {
                     "slow_after_charge_rate": 0.0,
                     "compare": "bytes"
                 }),
+                concurrency: None,
+                lookup: false,
+                settle_every_key: false,
                 quiesce_limit: secs(180),
+            },
+            // Dependencies that turn hostile mid-stream, one at a time, on
+            // both transports: PostgreSQL read-only (a failover), timing out
+            // and locked by another session; a provider in an outage (bare
+            // 503s), failing after it charged, and slow while one dedupq is
+            // frozen past its lease. The provider honours keys, except
+            // around the freeze: there a call on an ended lease would leave
+            // a charge of its own. It restarts no service and closes no
+            // connection but its own role's.
+            "dependencies" => Profile {
+                name: "dependencies",
+                workload: workload(2000, 6000, 90),
+                processes: 3,
+                partitions: 6,
+                kill_every: None,
+                faults: vec![
+                    (secs(3), Fault::PostgresReadOnly { for_: secs(8) }),
+                    (
+                        secs(13),
+                        Fault::StatementTimeout {
+                            timeout: Duration::from_millis(300),
+                            for_: secs(5),
+                        },
+                    ),
+                    // Statements here are fast: a locked row makes one
+                    // wait, and 300 ms ends it before store.lock_timeout.
+                    (
+                        secs(14),
+                        Fault::RowLocks {
+                            each: 3,
+                            for_: secs(3),
+                        },
+                    ),
+                    (
+                        secs(20),
+                        Fault::RowLocks {
+                            each: 3,
+                            for_: secs(5),
+                        },
+                    ),
+                    stretch(27, json!({"error_after_charge_rate": 0.2}), 6),
+                    // Until 5 s after the SIGCONT: calls the frozen
+                    // process makes then must leave charges to be seen.
+                    stretch(35, json!({"latency": "1s", "honour_keys": false}), 20),
+                    (secs(38), Fault::FreezePastLease { beyond: secs(6) }),
+                    stretch(56, json!({"fail_rate": 1.0, "fail_retry_after": false}), 20),
+                ],
+                provider_ignores_keys: false,
+                base_knobs: json!({
+                    "latency": "5ms",
+                    "fail_rate": 0.0,
+                    "fail_retry_after": true,
+                    "error_after_charge_rate": 0.0,
+                    "hang_after_charge_rate": 0.0,
+                    "slow_after_charge_rate": 0.0,
+                    "honour_keys": true,
+                    "compare": "json"
+                }),
+                // Few handler runs at once: while the provider is slow,
+                // claimed messages queue for a permit (claims the frozen
+                // process holds and has not started).
+                concurrency: Some(4),
+                lookup: true,
+                settle_every_key: true,
+                quiesce_limit: secs(60),
             },
             "long" => Profile {
                 name: "long",
@@ -214,6 +340,9 @@ impl Profile {
                     .collect(),
                 provider_ignores_keys: true,
                 base_knobs: base_knobs(),
+                concurrency: None,
+                lookup: false,
+                settle_every_key: false,
                 quiesce_limit: secs(600),
             },
             // Short, for builds with a guarantee switched off on purpose:
@@ -227,6 +356,9 @@ impl Profile {
                 faults: vec![],
                 provider_ignores_keys: true,
                 base_knobs: base_knobs(),
+                concurrency: None,
+                lookup: false,
+                settle_every_key: false,
                 quiesce_limit: secs(120),
             },
             _ => return None,

@@ -1,6 +1,6 @@
 //! The figures of a scenario run, and its verdict.
 
-use super::profile::Profile;
+use super::profile::{Fault, Profile};
 use super::run::Names;
 use super::verify::ChargeCheck;
 use super::workload::{Kind, Workload};
@@ -27,6 +27,17 @@ pub struct Report {
     pub kafka_restarts: usize,
     pub amqp_closes: usize,
     pub provider_stretches: usize,
+    pub pg_read_only: usize,
+    pub pg_timeouts: usize,
+    pub pg_row_locks: usize,
+    /// SIGSTOPs past the lease (each followed by a SIGCONT).
+    pub freezes: usize,
+    /// See `Profile::settle_every_key`.
+    pub settle_every_key: bool,
+    /// The provider's ledger records requests in the order they arrive:
+    /// no PostgreSQL restart stalls it (requests waiting for it are then
+    /// recorded in any order).
+    pub ledger_in_order: bool,
     pub charges: usize,
     pub check: ChargeCheck,
     pub commits_ahead: Vec<String>,
@@ -34,6 +45,9 @@ pub struct Report {
     pub amqp_left: usize,
     pub kafka_dead_letters: BTreeMap<String, usize>,
     pub amqp_dead_letters: BTreeMap<String, usize>,
+    /// Dead letters (not conflicts) of payments the provider charged, as
+    /// `reason key`.
+    pub charged_dead_letters: Vec<String>,
     pub publish_seconds: f64,
     pub run_seconds: f64,
     pub quiesced: bool,
@@ -66,6 +80,11 @@ impl Report {
             conflicts_injected: workload.count(Kind::Conflict),
             invalid_injected: workload.count(Kind::Invalid),
             hostile_injected: workload.hostile_reasons(),
+            settle_every_key: profile.settle_every_key,
+            ledger_in_order: !profile
+                .faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::RestartPostgres)),
             ..Self::default()
         }
     }
@@ -125,13 +144,32 @@ impl Report {
                 &self.check.missing[..self.check.missing.len().min(5)]
             ));
         }
-        for (what, list) in [
+        let mut listed = vec![
             ("stored failed but charged", &self.check.failed_but_charged),
             (
                 "stored done but not charged",
                 &self.check.done_but_not_charged,
             ),
-        ] {
+            (
+                "stored failed, neither charged nor refused by the provider",
+                &self.check.failed_not_refused,
+            ),
+            (
+                "charged by a frozen process's call on an ended lease",
+                &self.check.calls_after_freeze,
+            ),
+        ];
+        if self.ledger_in_order {
+            listed.push((
+                "charged by a call on an ended lease (after a later attempt's charge)",
+                &self.check.calls_out_of_order,
+            ));
+        }
+        if self.settle_every_key {
+            listed.push(("held unknown, not settled", &self.check.held));
+            listed.push(("charged and dead-lettered", &self.charged_dead_letters));
+        }
+        for (what, list) in listed {
             if !list.is_empty() {
                 v.push(format!(
                     "{} payments {what}, e.g. {:?}",
@@ -258,6 +296,19 @@ impl fmt::Display for Report {
             "provider slow/failing/hanging stretches",
             self.provider_stretches.to_string(),
         )?;
+        row(
+            f,
+            "PostgreSQL read-only / timeout / row-lock stretches",
+            format!(
+                "{} / {} / {}",
+                self.pg_read_only, self.pg_timeouts, self.pg_row_locks
+            ),
+        )?;
+        row(
+            f,
+            "dedupq SIGSTOPs past the lease",
+            self.freezes.to_string(),
+        )?;
         row(f, "charges at the provider", self.charges.to_string())?;
         row(f, "payments charged", self.check.charged_keys.to_string())?;
         row(
@@ -278,8 +329,27 @@ impl fmt::Display for Report {
         )?;
         row(
             f,
-            "stored failed, not charged (provider agrees)",
-            self.check.failed_uncharged.to_string(),
+            "stored failed, declined (provider agrees)",
+            self.check.failed_declined.to_string(),
+        )?;
+        row(
+            f,
+            "stored failed, neither charged nor refused",
+            self.check.failed_not_refused.len().to_string(),
+        )?;
+        row(
+            f,
+            "charged but not stored done",
+            self.check.charged_not_done.to_string(),
+        )?;
+        row(
+            f,
+            "charged by a call on an ended lease (2)",
+            format!(
+                "{} / {}",
+                self.check.calls_out_of_order.len(),
+                self.check.calls_after_freeze.len()
+            ),
         )?;
         row(
             f,
@@ -310,6 +380,11 @@ impl fmt::Display for Report {
             f,
             "dead letters (Kafka + RabbitMQ)",
             self.total_dead_letters().to_string(),
+        )?;
+        row(
+            f,
+            "  of payments the provider charged (no conflict)",
+            self.charged_dead_letters.len().to_string(),
         )?;
         for (transport, letters) in [
             ("Kafka", &self.kafka_dead_letters),
@@ -369,6 +444,7 @@ impl fmt::Display for Report {
         }
         writeln!(f, "  (1) the attempt was killed after the provider charged, or got no answer; dedupq retried")?;
         writeln!(f, "      with the same derived key, which a provider that honours keys answers with the first charge")?;
+        writeln!(f, "  (2) after a later attempt's charge / by a process frozen past its lease, once it ended")?;
         if !self.timeline.is_empty() {
             writeln!(f, "  faults:")?;
             for t in &self.timeline {

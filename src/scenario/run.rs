@@ -1,6 +1,9 @@
 //! Drives one scenario: services' endpoints in, a report out.
 
+use super::dead_letters;
+use super::faults::{set_knobs, Injector, Targets};
 use super::fleet::Fleet;
+use super::pg_faults::RunRole;
 use super::profile::{Fault, Profile};
 use super::publish::{AmqpPublisher, Coordinates, KafkaPublisher};
 use super::report::Report;
@@ -58,11 +61,17 @@ impl Names {
     }
 }
 
+/// The fleet's `engine.lease`.
+const LEASE: Duration = Duration::from_secs(5);
+
+/// The fleet's configuration. `store_url`: the administrator's, or the
+/// run's own role's.
 fn dedupq_config(
     names: &Names,
     opts: &Options,
+    store_url: &str,
     provider: &str,
-    max_body_bytes: usize,
+    profile: &Profile,
 ) -> anyhow::Result<toml::Table> {
     let text = format!(
         r#"
@@ -72,7 +81,7 @@ schema = "{schema}"
 max_connections = 8
 
 [engine]
-lease = "5s"
+lease = "{lease}"
 renew_every = "1s"
 max_attempts = 30
 retry_backoff_min = "100ms"
@@ -103,7 +112,8 @@ stall_after = "20s"
 [log]
 filter = "info"
 "#,
-        db = opts.database_url,
+        db = store_url,
+        lease = humantime::format_duration(LEASE),
         schema = names.schema,
         topic = names.topic,
         brokers = opts.brokers,
@@ -112,8 +122,22 @@ filter = "info"
         amqp = opts.amqp_url,
         dlx = names.dlx,
         dlq = names.dlq,
+        max_body_bytes = profile.workload.max_body_bytes,
     );
-    Ok(text.parse()?)
+    let mut config: toml::Table = text.parse()?;
+    let mut set = |section: &str, name: &str, value: toml::Value| {
+        if let Some(toml::Value::Table(t)) = config.get_mut(section) {
+            t.insert(name.into(), value);
+        }
+    };
+    if profile.lookup {
+        let url = format!("{provider}/charges/lookup?key={{derived_key}}");
+        set("handler", "lookup_url", url.into());
+    }
+    if let Some(n) = profile.concurrency {
+        set("engine", "concurrency", toml::Value::Integer(n as i64));
+    }
+    Ok(config)
 }
 
 async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
@@ -186,35 +210,27 @@ async fn publish_all(
     Ok(())
 }
 
-async fn services(opts: &Options, action: &str, name: &str) -> anyhow::Result<()> {
-    let status = tokio::process::Command::new(&opts.services)
-        .args([action, name])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .await
-        .with_context(|| format!("{} {action} {name}", opts.services.display()))?;
-    anyhow::ensure!(
-        status.success(),
-        "{} {action} {name} failed",
-        opts.services.display()
-    );
-    Ok(())
-}
-
-async fn set_knobs(provider: &str, knobs: &serde_json::Value) {
-    let client = reqwest::Client::new();
-    if let Err(e) = client
-        .post(format!("{provider}/admin/knobs"))
-        .json(knobs)
-        .send()
-        .await
-    {
-        tracing::warn!(error = %crate::telemetry::chain(&e), "setting provider knobs failed");
-    }
-}
-
 pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     let run_id = format!("{:08x}", rand::rng().random::<u32>());
+    let role = match profile.needs_own_role() {
+        true => Some(RunRole::create(&opts.database_url, &run_id).await?),
+        false => None,
+    };
+    let report = run_as(profile, opts, &run_id, role.as_ref()).await;
+    if let Some(role) = role {
+        role.drop().await;
+    }
+    report
+}
+
+/// The run, its fleet logged in as `role` when there is one.
+async fn run_as(
+    profile: &Profile,
+    opts: &Options,
+    run_id: &str,
+    role: Option<&RunRole>,
+) -> anyhow::Result<Report> {
+    let run_id = run_id.to_string();
     let names = Names::new(&run_id);
     let mut spec = profile.workload.clone();
     spec.run_id = run_id.clone();
@@ -244,7 +260,8 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
         .await?;
     let base_knobs = profile.base_knobs.clone();
     set_knobs(&provider, &base_knobs).await;
-    let config = dedupq_config(&names, opts, &provider, spec.max_body_bytes)?;
+    let store_url = role.map_or(opts.database_url.as_str(), RunRole::url);
+    let config = dedupq_config(&names, opts, store_url, &provider, profile)?;
     for _ in 0..profile.processes {
         fleet.start_dedupq(config.clone()).await?;
     }
@@ -272,11 +289,28 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
         published.clone(),
     ));
     let mut report = Report::new(profile, &names, &workload, expected.len());
+    if let Some(role) = role {
+        report.note(
+            Duration::ZERO,
+            &format!("the fleet logs in as PostgreSQL role {}", role.name()),
+        );
+    }
 
     let mut faults: Vec<(Duration, Fault)> = profile.faults.clone();
     faults.sort_by_key(|(t, _)| *t);
     let mut faults = faults.into_iter().peekable();
-    let mut resets: Vec<Instant> = Vec::new();
+    let mut injector = Injector::new(
+        Targets {
+            provider: provider.clone(),
+            base_knobs: base_knobs.clone(),
+            services: opts.services.clone(),
+            role,
+            admin: store.pool().clone(),
+            schema: names.schema.clone(),
+            lease: LEASE,
+        },
+        started,
+    );
     let next_kill = |from: Instant| {
         profile
             .kill_every
@@ -300,42 +334,9 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
             let Some((_, fault)) = faults.next() else {
                 break;
             };
-            report.note(started.elapsed(), &format!("{fault:?}"));
-            match fault {
-                Fault::KillOne => {
-                    fleet.kill(0);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    fleet.restart(0).await?;
-                }
-                Fault::RestartPostgres => {
-                    services(opts, "restart", "postgres").await?;
-                    report.postgres_restarts += 1;
-                }
-                Fault::RestartKafka => {
-                    services(opts, "restart", "kafka").await?;
-                    report.kafka_restarts += 1;
-                }
-                Fault::CloseAmqpConnections => {
-                    let _ = tokio::process::Command::new("rabbitmqctl")
-                        .args(["close_all_connections", "dedupq scenario fault"])
-                        .stdout(std::process::Stdio::null())
-                        .status()
-                        .await;
-                    report.amqp_closes += 1;
-                }
-                Fault::Provider { knobs, for_ } => {
-                    set_knobs(&provider, &knobs).await;
-                    resets.push(Instant::now() + for_);
-                    report.provider_stretches += 1;
-                }
-            }
+            injector.inject(fault, &mut fleet, &mut report).await?;
         }
-        if resets.iter().any(|r| *r <= now) {
-            resets.retain(|r| *r > now);
-            if resets.is_empty() {
-                set_knobs(&provider, &base_knobs).await;
-            }
-        }
+        injector.end_due(&mut fleet, &mut report, false).await?;
         if kill_at.is_some_and(|k| k <= now) && publishing {
             let victim = rand::rng().random_range(0..fleet.instances.len());
             fleet.kill(victim);
@@ -368,9 +369,12 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            report
-                .commits_ahead
-                .extend(verify::commits_ahead(offsets, &coordinates, keys));
+            // Sampled every second: each commit ahead counted once.
+            for c in verify::commits_ahead(offsets, &coordinates, keys) {
+                if !report.commits_ahead.contains(&c) {
+                    report.commits_ahead.push(c);
+                }
+            }
         }
         let finished = keys.as_ref().map(|k| {
             expected
@@ -430,6 +434,7 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
             break;
         }
     }
+    injector.end_due(&mut fleet, &mut report, true).await?;
     report.run_seconds = started.elapsed().as_secs_f64();
     for i in 0..fleet.instances.len() {
         let addr = fleet.instances[i].http;
@@ -458,6 +463,8 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     report.charges = charges.iter().filter(|c| c.state != "declined").count();
     let killed: Vec<u32> = fleet.kills.iter().map(|k| k.pid).collect();
     report.check = verify::check_charges(&expected, &keys, &charges, &ledger, &killed);
+    report.check.calls_after_freeze =
+        verify::calls_after_freeze(injector.frozen_claims(), &charges, &keys);
     let offsets = verify::committed_and_end(
         &opts.brokers,
         &names.topic,
@@ -471,9 +478,15 @@ pub async fn run(profile: &Profile, opts: &Options) -> anyhow::Result<Report> {
     )
     .await?;
     report.amqp_left = depths.iter().map(|d| *d as usize).sum();
-    report.kafka_dead_letters =
-        verify::kafka_dead_letters(&opts.brokers, &format!("{}.dlq", names.topic))?;
-    report.amqp_dead_letters = verify::amqp_dead_letters(&opts.amqp_url, &names.dlq).await?;
+    let kafka_letters = dead_letters::kafka(&opts.brokers, &format!("{}.dlq", names.topic))?;
+    let amqp_letters = dead_letters::amqp(&opts.amqp_url, &names.dlq).await?;
+    report.kafka_dead_letters = dead_letters::by_reason(&kafka_letters);
+    report.amqp_dead_letters = dead_letters::by_reason(&amqp_letters);
+    let charged = |key: &str| ledger.get(key).is_some_and(|l| l.charged > 0);
+    report.charged_dead_letters = [kafka_letters, amqp_letters]
+        .iter()
+        .flat_map(|letters| dead_letters::of_charged(letters, charged))
+        .collect();
     report.judge();
     Ok(report)
 }

@@ -6,7 +6,6 @@ use anyhow::Context;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
@@ -74,6 +73,9 @@ pub struct ChargeRow {
     pub attempt: Option<i32>,
     pub owner: Option<String>,
     pub state: String,
+    /// When the provider recorded it, on PostgreSQL's clock (the one
+    /// leases are compared on: the ledger lives in the same server).
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl ChargeRow {
@@ -83,8 +85,17 @@ impl ChargeRow {
     }
 }
 
-/// `GET /stats/keys`: charges that moved money, per idempotency key.
-pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, i64>> {
+/// What the provider's ledger holds for one idempotency key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledgered {
+    /// Charges that moved money.
+    pub charged: i64,
+    /// Requests the provider refused (a declined card).
+    pub declined: i64,
+}
+
+/// `GET /stats/keys`, per idempotency key.
+pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, Ledgered>> {
     let keys: Vec<crate::provider::KeyCharges> = reqwest::get(format!("{provider}/stats/keys"))
         .await?
         .error_for_status()?
@@ -92,7 +103,14 @@ pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, i64>> {
         .await?;
     Ok(keys
         .into_iter()
-        .map(|k| (k.idempotency_key, k.charged))
+        .map(|k| {
+            let declined = k.charges.iter().filter(|c| c.state == "declined").count();
+            let entry = Ledgered {
+                charged: k.charged,
+                declined: declined as i64,
+            };
+            (k.idempotency_key, entry)
+        })
         .collect())
 }
 
@@ -123,20 +141,35 @@ pub struct ChargeCheck {
     pub failed_but_charged: Vec<String>,
     /// Stored `done` with no charge in the provider's ledger.
     pub done_but_not_charged: Vec<String>,
-    /// Stored `failed`, and the provider agrees (no charge).
-    pub failed_uncharged: usize,
+    /// Stored `failed`, and the provider agrees (it declined, no charge).
+    pub failed_declined: usize,
+    /// Stored `failed`, though the provider neither charged nor refused
+    /// it: nothing it said can have made the payment fail.
+    pub failed_not_refused: Vec<String>,
+    /// Charged, and not stored `done` (stored failed, left open, or held).
+    pub charged_not_done: usize,
+    /// A charge by an attempt recorded after a charge by a later attempt
+    /// of the same key: the later attempt claimed only once the earlier
+    /// one's lease had ended, so the earlier one called on an ended lease.
+    /// Only visible when the provider ignores keys (otherwise the second
+    /// call is answered with the first charge and leaves no row), and
+    /// proof only while the provider records requests as they arrive.
+    pub calls_out_of_order: Vec<String>,
+    /// Calls a frozen process made once its lease had ended (see
+    /// `calls_after_freeze`).
+    pub calls_after_freeze: Vec<String>,
     /// Held `unknown` for an operator, each with the provider's charge
     /// count: legitimate, never hidden.
     pub held: Vec<String>,
 }
 
 /// `expected`: the derived keys (`tenant:key`) of every unique payment;
-/// `ledger`: the provider's charges that moved money, per derived key.
+/// `ledger`: what the provider's ledger holds, per derived key.
 pub fn check_charges(
     expected: &[String],
     keys: &HashMap<String, KeyState>,
     charges: &[ChargeRow],
-    ledger: &HashMap<String, i64>,
+    ledger: &HashMap<String, Ledgered>,
     killed: &[u32],
 ) -> ChargeCheck {
     let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
@@ -145,13 +178,19 @@ pub fn check_charges(
             by_key.entry(k).or_default().push(c);
         }
     }
-    let mut out = ChargeCheck::default();
+    let mut out = ChargeCheck {
+        calls_out_of_order: calls_out_of_order(&by_key),
+        ..ChargeCheck::default()
+    };
     for key in expected {
         let Some(state) = keys.get(key) else {
             out.missing.push(key.clone());
             continue;
         };
-        let charged = ledger.get(key).copied().unwrap_or(0);
+        let Ledgered { charged, declined } = ledger.get(key).copied().unwrap_or_default();
+        if charged > 0 && state.status != "done" {
+            out.charged_not_done += 1;
+        }
         match state.status.as_str() {
             "done" if charged == 0 => {
                 out.done_but_not_charged.push(key.clone());
@@ -163,8 +202,14 @@ pub fn check_charges(
                     .push(format!("{key}: the provider charged it {charged} time(s)"));
                 continue;
             }
+            "failed" if declined > 0 => {
+                out.failed_declined += 1;
+                continue;
+            }
             "failed" => {
-                out.failed_uncharged += 1;
+                out.failed_not_refused.push(format!(
+                    "{key}: the provider has neither a charge nor a refusal"
+                ));
                 continue;
             }
             "unknown" if state.held => {
@@ -214,6 +259,84 @@ pub fn check_charges(
                 .filter(|c| Some(format!("ch_{}", c.id).as_str()) != stored)
                 .filter(|c| c.owner_pid().is_some_and(|pid| killed.contains(&pid)))
                 .count();
+        }
+    }
+    out
+}
+
+/// Per key, the charges (in the order the provider recorded them) whose
+/// attempt is lower than that of a charge recorded before them.
+fn calls_out_of_order(by_key: &HashMap<&str, Vec<&ChargeRow>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, made) in by_key {
+        let mut made = made.clone();
+        made.sort_by_key(|c| c.id);
+        let mut latest: Option<&ChargeRow> = None;
+        for c in made {
+            let attempt = c.attempt.unwrap_or(0);
+            match latest {
+                Some(l) if attempt < l.attempt.unwrap_or(0) => out.push(format!(
+                    "{key}: ch_{} by attempt {attempt} ({}) after ch_{} by attempt {}",
+                    c.id,
+                    c.owner.as_deref().unwrap_or("?"),
+                    l.id,
+                    l.attempt.unwrap_or(0)
+                )),
+                Some(l) if attempt <= l.attempt.unwrap_or(0) => {}
+                _ => latest = Some(c),
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A claim a frozen process held, as PostgreSQL had it once the process
+/// could renew no more.
+#[derive(Debug, Clone)]
+pub struct FrozenClaim {
+    pub derived_key: String,
+    pub owner: String,
+    pub attempt: i32,
+    pub lease_until: chrono::DateTime<chrono::Utc>,
+}
+
+/// How long after a lease's end a request sent just before it may still
+/// reach the provider's ledger (a loaded machine, the provider's pool).
+const IN_TRANSIT: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
+/// Charges a frozen process's attempt made well after that attempt's lease
+/// had ended, of keys another attempt claimed since: the process started a
+/// provider call after the stall without re-checking its lease in
+/// PostgreSQL (DESIGN, invariant 8). Had it re-checked and found its claim
+/// still there, its lease would have been live again and no other attempt
+/// could have claimed the key while the call ran, so such a call (on a key
+/// nobody else claimed) is not counted.
+pub fn calls_after_freeze(
+    frozen: &[FrozenClaim],
+    charges: &[ChargeRow],
+    keys: &HashMap<String, KeyState>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for claim in frozen {
+        let claimed_again = keys
+            .get(&claim.derived_key)
+            .is_some_and(|k| k.attempts > claim.attempt);
+        for c in charges.iter().filter(|c| {
+            claimed_again
+                && c.idempotency_key.as_deref() == Some(claim.derived_key.as_str())
+                && c.owner.as_deref() == Some(claim.owner.as_str())
+                && c.attempt == Some(claim.attempt)
+                && c.created_at > claim.lease_until + IN_TRANSIT
+        }) {
+            out.push(format!(
+                "{}: ch_{} by attempt {} at {}, its lease ended at {}",
+                claim.derived_key,
+                c.id,
+                claim.attempt,
+                c.created_at.format("%H:%M:%S%.3f"),
+                claim.lease_until.format("%H:%M:%S%.3f")
+            ));
         }
     }
     out
@@ -270,9 +393,11 @@ pub fn commits_ahead(
         })
         .filter_map(|(at, key)| {
             let key = key.as_ref()?;
+            // A key held `unknown` is settled as far as the broker goes:
+            // its dead letter is published, duplicates are answered.
             let open = keys
                 .get(key)
-                .is_none_or(|s| s.status == "in_progress" || s.status == "unknown");
+                .is_none_or(|s| s.status == "in_progress" || (s.status == "unknown" && !s.held));
             open.then(|| {
                 format!(
                     "partition {} offset {} ({key}) committed while open",
@@ -281,57 +406,6 @@ pub fn commits_ahead(
             })
         })
         .collect()
-}
-
-/// Dead letters on a Kafka topic, by reason header.
-pub fn kafka_dead_letters(brokers: &str, topic: &str) -> anyhow::Result<BTreeMap<String, usize>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("dedupq-check-{}", rand::random::<u32>()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions = meta
-        .topics()
-        .first()
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    let mut end = 0;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .unwrap_or((0, 0));
-        end += high - low;
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    let mut reasons = BTreeMap::new();
-    if end == 0 {
-        return Ok(reasons);
-    }
-    consumer.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut seen = 0;
-    while seen < end && std::time::Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            seen += 1;
-            let reason = m
-                .headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "dedupq-reason")
-                        .and_then(|h| h.value)
-                })
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_else(|| "<no reason>".into());
-            *reasons.entry(reason).or_default() += 1;
-        }
-    }
-    Ok(reasons)
 }
 
 /// Ready messages in each RabbitMQ queue (0 for a queue that is absent).
@@ -358,53 +432,6 @@ pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32
     Ok(out)
 }
 
-/// Dead letters in a RabbitMQ queue by reason (drains it): the
-/// `dedupq-reason` header, or for what the broker dead-lettered itself the
-/// first `x-death` reason. Read through the management API, not lapin: the
-/// queue holds deliveries lapin cannot parse (non-UTF-8 properties), which
-/// would break its connection.
-pub async fn amqp_dead_letters(url: &str, queue: &str) -> anyhow::Result<BTreeMap<String, usize>> {
-    let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| anyhow::anyhow!("AMQP URL: {e}"))?;
-    let api = std::env::var("RABBITMQ_MANAGEMENT_URL")
-        .unwrap_or_else(|_| format!("http://{}:15672", uri.authority.host));
-    let vhost = if uri.vhost.is_empty() {
-        "/"
-    } else {
-        uri.vhost.as_str()
-    };
-    let user = &uri.authority.userinfo;
-    let messages: Vec<Value> = reqwest::Client::new()
-        .post(format!(
-            "{api}/api/queues/{}/{}/get",
-            url::form_urlencoded::byte_serialize(vhost.as_bytes()).collect::<String>(),
-            url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
-        ))
-        .basic_auth(&user.username, Some(&user.password))
-        .json(&serde_json::json!({
-            "count": 1_000_000,
-            "ackmode": "ack_requeue_false",
-            "encoding": "base64",
-            "truncate": 64
-        }))
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await?
-        .error_for_status()
-        .context("reading the dead-letter queue through the management API")?
-        .json()
-        .await?;
-    let mut reasons = BTreeMap::new();
-    for m in &messages {
-        let headers = &m["properties"]["headers"];
-        let reason = headers["dedupq-reason"]
-            .as_str()
-            .or_else(|| headers["x-death"][0]["reason"].as_str())
-            .unwrap_or("<no reason>");
-        *reasons.entry(reason.to_string()).or_default() += 1;
-    }
-    Ok(reasons)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,6 +452,7 @@ mod tests {
             attempt: Some(1),
             owner: None,
             state: "succeeded".into(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
         }
     }
 
@@ -434,6 +462,7 @@ mod tests {
             "t:ok",
             "t:failed-charged",
             "t:failed",
+            "t:declined",
             "t:done-free",
             "t:held-charged",
             "t:held-free",
@@ -447,6 +476,7 @@ mod tests {
             ("t:ok", key("done", false, Some("ch_1"))),
             ("t:failed-charged", key("failed", false, None)),
             ("t:failed", key("failed", false, None)),
+            ("t:declined", key("failed", false, None)),
             ("t:done-free", key("done", false, Some("ch_9"))),
             ("t:held-charged", key("unknown", true, None)),
             ("t:held-free", key("unknown", true, None)),
@@ -460,17 +490,32 @@ mod tests {
             charge(2, "t:failed-charged"),
             charge(3, "t:held-charged"),
         ];
-        let ledger: HashMap<String, i64> =
-            [("t:ok", 1), ("t:failed-charged", 1), ("t:held-charged", 1)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
+        let charged = Ledgered {
+            charged: 1,
+            declined: 0,
+        };
+        let refused = Ledgered {
+            charged: 0,
+            declined: 1,
+        };
+        let ledger: HashMap<String, Ledgered> = [
+            ("t:ok", charged),
+            ("t:failed-charged", charged),
+            ("t:held-charged", charged),
+            ("t:declined", refused),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
 
         let out = check_charges(&expected, &keys, &charges, &ledger, &[]);
         assert_eq!(out.charged_keys, 1);
         assert_eq!(out.failed_but_charged.len(), 1);
         assert!(out.failed_but_charged[0].starts_with("t:failed-charged"));
-        assert_eq!(out.failed_uncharged, 1);
+        assert_eq!(out.failed_declined, 1);
+        assert_eq!(out.failed_not_refused.len(), 1);
+        assert!(out.failed_not_refused[0].starts_with("t:failed:"));
+        assert_eq!(out.charged_not_done, 2, "failed-charged and held-charged");
         assert_eq!(out.done_but_not_charged, vec!["t:done-free".to_string()]);
         assert_eq!(out.held.len(), 2);
         assert!(out
@@ -484,6 +529,82 @@ mod tests {
         assert_eq!(out.unfinished, vec!["t:open (in_progress)".to_string()]);
         assert_eq!(out.missing, vec!["t:absent".to_string()]);
         assert!(out.double_charged.is_empty());
+    }
+
+    #[test]
+    fn a_charge_by_an_earlier_attempt_recorded_after_a_later_attempts_is_a_call_on_an_ended_lease()
+    {
+        let by = |id: i64, key: &str, attempt: i32| ChargeRow {
+            attempt: Some(attempt),
+            owner: Some(format!("host-{}-x", 100 + attempt)),
+            ..charge(id, key)
+        };
+        let charges = [
+            by(1, "t:stale", 1),
+            by(2, "t:stale", 2),
+            by(3, "t:stale", 1),
+            by(4, "t:in-order", 1),
+            by(5, "t:in-order", 2),
+            by(6, "t:in-order", 2),
+        ];
+        let mut by_key: HashMap<&str, Vec<&ChargeRow>> = HashMap::new();
+        for c in &charges {
+            by_key
+                .entry(c.idempotency_key.as_deref().unwrap_or_default())
+                .or_default()
+                .push(c);
+        }
+        assert_eq!(
+            calls_out_of_order(&by_key),
+            vec!["t:stale: ch_3 by attempt 1 (host-101-x) after ch_2 by attempt 2".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_frozen_attempt_charging_well_after_its_lease_ended_on_a_key_claimed_since_is_a_call_on_an_ended_lease(
+    ) {
+        let at = |s: i64| chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::seconds(s);
+        let claim = |key: &str| FrozenClaim {
+            derived_key: key.into(),
+            owner: "host-7-x".into(),
+            attempt: 1,
+            lease_until: at(100),
+        };
+        let frozen = [
+            claim("t:late"),
+            claim("t:in-time"),
+            claim("t:other"),
+            claim("t:revalidated"),
+        ];
+        let keys: HashMap<String, KeyState> = [
+            ("t:late", 2),
+            ("t:in-time", 2),
+            ("t:other", 2),
+            ("t:revalidated", 1),
+        ]
+        .into_iter()
+        .map(|(k, attempts)| {
+            let state = KeyState {
+                attempts,
+                ..key("done", false, None)
+            };
+            (k.to_string(), state)
+        })
+        .collect();
+        let by = |id: i64, key: &str, owner: &str, secs: i64| ChargeRow {
+            owner: Some(owner.into()),
+            created_at: at(secs),
+            ..charge(id, key)
+        };
+        let charges = [
+            by(1, "t:late", "host-7-x", 105),
+            by(2, "t:in-time", "host-7-x", 100),
+            by(3, "t:other", "host-8-y", 105),
+            by(4, "t:revalidated", "host-7-x", 105),
+        ];
+        let found = calls_after_freeze(&frozen, &charges, &keys);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("t:late: ch_1 by attempt 1"));
     }
 
     #[test]

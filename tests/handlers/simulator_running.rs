@@ -108,3 +108,50 @@ async fn a_repeat_while_the_first_request_hangs_after_charging_gets_409_until_it
     assert_eq!(replayed["id"], format!("ch_{id}"));
     assert_eq!(provider.stats().await.charges, 1);
 }
+
+#[tokio::test]
+async fn a_request_whose_caller_hangs_up_while_the_charge_is_recorded_is_still_charged_and_completes(
+) {
+    let provider = Provider::start(Knobs::default()).await;
+    let key = format!("acme:{}", unique("hangup"));
+    // The per-key lock the ledger takes to charge once: held here, the
+    // request waits in the middle of recording its charge.
+    let admin = sqlx::PgPool::connect(&crate::support::database_url())
+        .await
+        .unwrap();
+    let mut lock = admin.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(&key)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let first = post(&provider, &key, Duration::from_millis(300)).await;
+    assert!(first.unwrap_err().is_timeout(), "the caller hung up");
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(&key)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let charge = eventually(
+        Duration::from_secs(10),
+        "the charge is recorded and completes",
+        || async {
+            let charges = provider.charges_for(&key).await;
+            charges.first().filter(|c| c.state == "succeeded").cloned()
+        },
+    )
+    .await;
+    assert!(
+        charge.answered_at.is_none(),
+        "its caller never got the answer"
+    );
+    let replay = post(&provider, &key, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        replay.status(),
+        200,
+        "a retry is answered, not 409 for ever"
+    );
+    assert_eq!(provider.charges_for(&key).await.len(), 1);
+}

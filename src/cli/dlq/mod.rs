@@ -4,7 +4,7 @@
 mod amqp;
 mod args;
 mod kafka;
-mod kafka_headers;
+pub(crate) mod kafka_headers;
 mod record;
 
 pub use args::{DlqCommand, Transport};
