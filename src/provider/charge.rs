@@ -41,26 +41,6 @@ pub(super) async fn create_charge(
         let mut k = s.knobs.lock().unwrap_or_else(|e| e.into_inner());
         (k.draw(), k.clone())
     };
-    // The server drops a request whose caller hangs up; a real provider
-    // carries it through (a charge recorded is completed), so it runs on
-    // a task of its own. Only a hang waits on its caller, as it is meant to.
-    if fate.hang_before_charge || fate.after_charge == AfterCharge::Hang {
-        return charge(s, headers, raw, body, fate, knobs).await;
-    }
-    match tokio::spawn(charge(s, headers, raw, body, fate, knobs)).await {
-        Ok(response) => response,
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e),
-    }
-}
-
-async fn charge(
-    s: AppState,
-    headers: HeaderMap,
-    raw: Bytes,
-    body: Value,
-    fate: Fate,
-    knobs: Knobs,
-) -> Response {
     if fate.fail {
         let mut response = error(
             StatusCode::SERVICE_UNAVAILABLE,
