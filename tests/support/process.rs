@@ -60,10 +60,11 @@ pub struct Dedupq {
     config: PathBuf,
     log: PathBuf,
     pub http: SocketAddr,
-    /// Environment of the process (e.g. `DEDUPQ__…` secrets); with it set,
-    /// inherited `DEDUPQ__…` variables are dropped, so the configuration
-    /// file and this list are all the process sees.
-    env: Option<Vec<(String, String)>>,
+    /// Environment of the process (e.g. `DEDUPQ__…` secrets). Inherited
+    /// `DEDUPQ__…` variables (scripts/test exports `DEDUPQ__STORE__URL`)
+    /// are always dropped, so the configuration file and this list are all
+    /// the process sees.
+    env: Vec<(String, String)>,
 }
 
 impl Dedupq {
@@ -80,11 +81,10 @@ impl Dedupq {
     /// and `env` only: inherited `DEDUPQ__…` variables are dropped.
     pub fn launch(config: &toml::Table, env: &[(&str, &str)]) -> Self {
         let mut me = Self::configure(config);
-        me.env = Some(
-            env.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
+        me.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         me.spawn_child();
         me
     }
@@ -172,7 +172,7 @@ impl Dedupq {
             config: path,
             log: dir.join("dedupq.log"),
             http,
-            env: None,
+            env: Vec::new(),
         }
     }
 
@@ -183,12 +183,10 @@ impl Dedupq {
             .open(&self.log)
             .expect("open log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
-        if let Some(env) = &self.env {
-            for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
-                command.env_remove(name);
-            }
-            command.envs(env.iter().map(|(k, v)| (k, v)));
+        for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
+            command.env_remove(name);
         }
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = command
             .arg("run")
             .arg("--config")
