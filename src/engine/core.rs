@@ -2,7 +2,7 @@
 //! No broker types here; transports apply the decisions.
 
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
-use super::message::{Incoming, Parsed, Parser, Source};
+use super::message::{Incoming, Parsed, Parser};
 use super::options::EngineOptions;
 use super::pipeline::{Pipeline, Unavailable};
 use super::provider_gate::ProviderGate;
@@ -317,17 +317,6 @@ impl Pipeline for Engine {
 
     fn backoff(&self) -> Backoff {
         self.inner.options.backoff
-    }
-}
-
-/// The `transport` label of a message's source in metrics and spans:
-/// `kafka`, `amqp`, `http` or `direct`.
-pub fn transport_label(source: &Source) -> &'static str {
-    match source {
-        Source::Kafka { .. } => "kafka",
-        Source::Amqp { .. } => "amqp",
-        Source::Http { .. } => "http",
-        Source::Direct { .. } => "direct",
     }
 }
 

@@ -14,9 +14,9 @@ mod round;
 mod transactional;
 mod verdict;
 
-pub use self::core::{transport_label, Engine};
+pub use self::core::Engine;
 pub use decision::{Action, DeadLetterReason, Decision, Outcome};
-pub use message::{Header, Incoming, InvalidReason, Parsed, Parser, Source};
+pub use message::{Header, Incoming, InvalidReason, Parsed, Parser, Source, Transport};
 pub use options::{default_owner, Backoff, EngineOptions};
 pub use pipeline::{Pipeline, Unavailable};
 pub use transactional::{TransactionalEngine, TransactionalHandler, TxFailure};

@@ -1,6 +1,6 @@
 //! Metrics and log lines for every decision.
 
-use super::core::{transport_label, Engine};
+use super::core::Engine;
 use super::decision::{Action, Decision, Outcome};
 use super::message::Incoming;
 use crate::store::ClaimResult;
@@ -8,7 +8,7 @@ use crate::store::ClaimResult;
 impl Engine {
     pub(super) fn record(&self, msg: &Incoming, d: &Decision) {
         let m = &self.inner.metrics;
-        let transport = transport_label(&msg.source);
+        let transport = msg.source.transport().label();
         m.messages
             .with_label_values(&[transport, d.outcome.label()])
             .inc();

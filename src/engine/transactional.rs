@@ -2,7 +2,7 @@
 //! the claim's transaction, so claim, work and result commit together or
 //! not at all. No lease, no renewal, no fencing needed.
 
-use super::core::{limit_retries, transport_label};
+use super::core::limit_retries;
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parser};
 use super::options::EngineOptions;
@@ -156,7 +156,7 @@ impl TransactionalEngine {
             trace.decided(i, d);
             self.metrics
                 .messages
-                .with_label_values(&[transport_label(&msg.source), d.outcome.label()])
+                .with_label_values(&[msg.source.transport().label(), d.outcome.label()])
                 .inc();
         }
         Ok(decisions)

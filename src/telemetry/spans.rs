@@ -13,7 +13,7 @@
 //! batch span.
 
 use super::{propagation::remote_context, TARGET};
-use crate::engine::{transport_label, Decision};
+use crate::engine::Decision;
 use crate::identity::Epoch;
 use crate::message::Incoming;
 use opentelemetry::trace::{SpanContext, TraceContextExt};
@@ -35,7 +35,9 @@ impl BatchTrace {
     /// Opens the batch span and one span per message, parented and linked
     /// as the module documentation says (all disabled when tracing is off).
     pub fn open(batch: &[Incoming]) -> Self {
-        let transport = batch.first().map_or("none", |m| transport_label(&m.source));
+        let transport = batch
+            .first()
+            .map_or("none", |m| m.source.transport().label());
         let span = tracing::info_span!(target: TARGET, parent: None, "dedupq.batch",
             otel.kind = "consumer", transport, size = batch.len());
         if span.is_disabled() {
@@ -110,7 +112,7 @@ impl BatchTrace {
 }
 
 fn message_span(msg: &Incoming, parent: Option<&Span>) -> Span {
-    let transport = transport_label(&msg.source);
+    let transport = msg.source.transport().label();
     match parent {
         Some(batch) => tracing::info_span!(target: TARGET, parent: batch, "dedupq.message",
             otel.kind = "consumer", transport, source = %msg.source,
