@@ -357,7 +357,7 @@ impl Engine {
             ),
         };
         inner.gate.report(call.identity, signal, probe);
-        let label = outcome_label(&outcome);
+        let label = outcome.label();
         inner
             .metrics
             .handler_duration
@@ -388,16 +388,6 @@ fn stored(written: Written, finish: &Finish) -> Stored {
         Written::Landed => Stored::Landed,
         Written::Fenced => Stored::Fenced,
         Written::Locked => Stored::Locked(finish.clone()),
-    }
-}
-
-fn outcome_label(outcome: &HandlerOutcome) -> &'static str {
-    match outcome {
-        HandlerOutcome::Success(_) => "success",
-        HandlerOutcome::Permanent(_) => "permanent",
-        HandlerOutcome::Transient { .. } => "transient",
-        HandlerOutcome::Unknown { .. } => "unknown",
-        HandlerOutcome::Fault { .. } => "fault",
     }
 }
 

@@ -3,7 +3,6 @@
 use super::core::Engine;
 use super::decision::{Action, Decision, Outcome};
 use super::message::Incoming;
-use crate::store::ClaimResult;
 
 impl Engine {
     pub(super) fn record(&self, msg: &Incoming, d: &Decision) {
@@ -38,18 +37,5 @@ fn action_label(a: &Action) -> String {
         }
         Action::RetryLater { after } => format!("retry_later({after:?})"),
         Action::Postpone { after } => format!("postpone({after:?})"),
-    }
-}
-
-pub(super) fn claim_label(r: &ClaimResult) -> &'static str {
-    match r {
-        ClaimResult::Won(_) => "won",
-        ClaimResult::TakenOver(_) => "takeover",
-        ClaimResult::Duplicate(_) => "duplicate",
-        ClaimResult::Held { .. } => "held",
-        ClaimResult::HeldUnknown { .. } => "held_unknown",
-        ClaimResult::Conflict => "conflict",
-        ClaimResult::Locked => "locked",
-        ClaimResult::Contended => "contended",
     }
 }

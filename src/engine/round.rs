@@ -5,7 +5,6 @@ use super::claimed::Owned;
 use super::core::{retry_soon, Engine, Pending};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::Incoming;
-use super::record::claim_label;
 use crate::store::{ClaimRequest, ClaimResult, StoreError, StoredResult};
 use tracing::Instrument;
 
@@ -27,7 +26,7 @@ impl Engine {
         let mut owned = Vec::new();
         for (p, result) in round.iter().zip(results) {
             if let Ok(r) = &result {
-                crate::telemetry::spans::claimed(&p.span, claim_label(r));
+                crate::telemetry::spans::claimed(&p.span, r.label());
             }
             match result {
                 Ok(ClaimResult::Won(claim)) => owned.push(Owned::new(p, claim, Outcome::Processed)),
@@ -128,7 +127,7 @@ impl Engine {
             self.inner
                 .metrics
                 .claims
-                .with_label_values(&[claim_label(&ClaimResult::Locked)])
+                .with_label_values(&[ClaimResult::Locked.label()])
                 .inc_by(parked);
         }
         for _ in 0..CONTENDED_RETRIES {
@@ -146,7 +145,7 @@ impl Engine {
                     self.inner
                         .metrics
                         .claims
-                        .with_label_values(&[claim_label(r)])
+                        .with_label_values(&[r.label()])
                         .inc();
                     if *r == ClaimResult::Contended {
                         again.push(i);
