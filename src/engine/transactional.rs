@@ -18,7 +18,7 @@ use crate::telemetry::spans::{self, BatchTrace};
 use async_trait::async_trait;
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
-use sqlx::{Executor, PgConnection};
+use sqlx::PgConnection;
 use std::sync::Arc;
 use tracing::{Instrument, Span};
 
@@ -236,18 +236,7 @@ impl TransactionalEngine {
             uncertain: false,
         };
         let timeout = self.options.handler_timeout;
-        // PostgreSQL itself ends a handler statement that runs past the
-        // timeout, so an abandoned attempt does not hold the key's row (and
-        // its connection) for as long as the statement would have run.
-        // The handler's own statements wait for locks as long as the
-        // timeout allows, not store.lock_timeout (which is for dedupq's
-        // statements over many keys).
-        let limit = format!(
-            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; SAVEPOINT dedupq_handler",
-            timeout.as_millis().max(1)
-        );
-        let conn: &mut PgConnection = &mut tx;
-        conn.execute(sqlx::raw_sql(&limit)).await?;
+        Store::begin_handler(&mut tx, timeout).await?;
         let handler_span = spans::handler(&span, attempt, crate::identity::Epoch(1));
         let call_handler = self.handler.handle(&mut tx, &call);
         let Ok(ran) =
@@ -273,9 +262,7 @@ impl TransactionalEngine {
         let (outcome, reply) = match ran {
             Ok(r) => (Outcome::Processed, stored(KeyStatus::Done, r)),
             Err(TxFailure::Permanent(r)) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT dedupq_handler")
-                    .execute(&mut *tx)
-                    .await?;
+                Store::roll_back_handler(&mut tx).await?;
                 (Outcome::Failed, stored(KeyStatus::Failed, r))
             }
             Err(TxFailure::Transient(error)) => {
