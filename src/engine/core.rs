@@ -192,7 +192,12 @@ impl Engine {
             .collect();
         for (index, (msg, decision)) in batch.iter().zip(&decisions).enumerate() {
             self.record(msg, decision);
-            trace.decided(index, decision);
+            trace.decided(
+                index,
+                decision.identity.as_ref(),
+                decision.epoch,
+                decision.outcome.label(),
+            );
         }
         Ok(decisions)
     }

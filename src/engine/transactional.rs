@@ -153,7 +153,7 @@ impl TransactionalEngine {
             .map(|(d, msg)| d.map(|d| limit_retries(msg, d)))
             .collect::<Result<_, _>>()?;
         for (i, (msg, d)) in batch.iter().zip(&decisions).enumerate() {
-            trace.decided(i, d);
+            trace.decided(i, d.identity.as_ref(), d.epoch, d.outcome.label());
             self.metrics
                 .messages
                 .with_label_values(&[msg.source.transport().label(), d.outcome.label()])

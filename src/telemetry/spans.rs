@@ -11,10 +11,12 @@
 //! without a `traceparent` is a child of a batch that started its own
 //! trace, or else starts one itself; every other message span links its
 //! batch span.
+//!
+//! The helpers take deliveries, identities and labels, never the engine's
+//! types: the engine calls telemetry, not the other way round.
 
 use super::{propagation::remote_context, TARGET};
-use crate::engine::Decision;
-use crate::identity::Epoch;
+use crate::identity::{Epoch, Identity};
 use crate::message::Incoming;
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::Context;
@@ -94,20 +96,28 @@ impl BatchTrace {
         &self.messages[index]
     }
 
-    /// Records the decision on the message's span.
-    pub fn decided(&self, index: usize, d: &Decision) {
+    /// Records what was decided about the message at `index` on its span:
+    /// its tenant and key and the claim's epoch where known, and the
+    /// `outcome` label.
+    pub fn decided(
+        &self,
+        index: usize,
+        identity: Option<&Identity>,
+        epoch: Option<Epoch>,
+        outcome: &'static str,
+    ) {
         let span = &self.messages[index];
         if span.is_disabled() {
             return;
         }
-        if let Some(identity) = &d.identity {
+        if let Some(identity) = identity {
             span.record("tenant", identity.tenant.as_str());
             span.record("key", identity.key.as_str());
         }
-        if let Some(epoch) = d.epoch {
+        if let Some(epoch) = epoch {
             span.record("epoch", epoch.0);
         }
-        span.record("outcome", d.outcome.label());
+        span.record("outcome", outcome);
     }
 }
 
