@@ -2,7 +2,7 @@
 //! the claim's transaction, so claim, work and result commit together or
 //! not at all. No lease, no renewal, no fencing needed.
 
-use super::core::limit_retries;
+use super::settle::limit_retries;
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::message::{Incoming, Parser};
 use super::options::EngineOptions;
