@@ -123,6 +123,8 @@ impl Engine {
         if inner.gate.paused().is_some() {
             pending = self.probe(batch, pending, &mut decisions).await?;
         }
+        // Repeats of a key wait for a later round, where they find the
+        // first one's result.
         while !pending.is_empty() {
             let (round, later) = split_first_occurrences(pending);
             for chunk in round.chunks(inner.options.max_batch) {
@@ -135,10 +137,8 @@ impl Engine {
             .iter()
             .zip(decisions)
             .map(|(msg, d)| {
-                limit_retries(
-                    msg,
-                    d.unwrap_or_else(|| retry_soon(backoff, Outcome::InFlight)),
-                )
+                let d = d.unwrap_or_else(|| retry_soon(backoff, Outcome::InFlight));
+                limit_retries(msg, d)
             })
             .collect();
         record(&inner.metrics, trace, batch, &decisions);
