@@ -40,6 +40,47 @@ pub enum Source {
     },
 }
 
+impl Source {
+    /// The way this delivery came in.
+    pub fn transport(&self) -> Transport {
+        match self {
+            Source::Kafka { .. } => Transport::Kafka,
+            Source::Amqp { .. } => Transport::Amqp,
+            Source::Http { .. } => Transport::Http,
+            Source::Direct { .. } => Transport::Direct,
+        }
+    }
+}
+
+/// The way a delivery came in: the `transport` label of metrics and spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// A Kafka consumer.
+    Kafka,
+    /// A RabbitMQ consumer.
+    Amqp,
+    /// The HTTP API.
+    Http,
+    /// Fed to the engine directly (library use, tests).
+    Direct,
+}
+
+impl Transport {
+    /// The brokers, whose series of `dedupq_replies_failed_total` and
+    /// `dedupq_stalled_lanes` exist from start-up.
+    pub const BROKERS: [Transport; 2] = [Transport::Kafka, Transport::Amqp];
+
+    /// The `transport` label value: `kafka`, `amqp`, `http` or `direct`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Kafka => "kafka",
+            Transport::Amqp => "amqp",
+            Transport::Http => "http",
+            Transport::Direct => "direct",
+        }
+    }
+}
+
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

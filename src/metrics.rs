@@ -1,6 +1,7 @@
 //! Every metric dedupq exports: names, labels and buckets in one place.
 //! Labels are low-cardinality by construction: never a key or a tenant.
 
+use crate::message::Transport;
 use prometheus::{
     exponential_buckets, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry,
@@ -115,11 +116,6 @@ pub const HANDLER_FAULT_REASONS: [&str; 6] = [
     "redirect",
     "other",
 ];
-
-/// The broker `transport` label values, whose series of
-/// `dedupq_replies_failed_total` and `dedupq_stalled_lanes` exist from
-/// start-up (`dedupq_messages_total` also counts `http` and `direct`).
-pub const TRANSPORTS: [&str; 2] = ["kafka", "amqp"];
 
 /// The git commit dedupq was built from, when the build passed it in
 /// (`DEDUPQ_GIT_COMMIT=$(git rev-parse --short HEAD) cargo build`).
@@ -334,9 +330,9 @@ impl Inner {
         for reason in HANDLER_FAULT_REASONS {
             self.handler_faults.with_label_values(&[reason]);
         }
-        for transport in TRANSPORTS {
-            self.replies_failed.with_label_values(&[transport]);
-            self.stalled_lanes.with_label_values(&[transport]);
+        for transport in Transport::BROKERS {
+            self.replies_failed.with_label_values(&[transport.label()]);
+            self.stalled_lanes.with_label_values(&[transport.label()]);
         }
         self.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_COMMIT])

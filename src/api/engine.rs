@@ -10,6 +10,7 @@ use crate::engine::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
+use crate::message::Transport;
 use crate::metrics::Metrics;
 use crate::store::{KeyState, KeyStatus, Store, StoredResult};
 use axum::body::Bytes;
@@ -183,7 +184,7 @@ impl Gate {
     fn count(&self, outcome: Outcome) {
         self.metrics()
             .messages
-            .with_label_values(&["http", outcome.label()])
+            .with_label_values(&[Transport::Http.label(), outcome.label()])
             .inc();
     }
 
@@ -249,7 +250,7 @@ impl Gate {
             let took = (Utc::now() - checked.incoming.received_at).to_std();
             self.metrics()
                 .end_to_end
-                .with_label_values(&["http"])
+                .with_label_values(&[Transport::Http.label()])
                 .observe(took.unwrap_or_default().as_secs_f64());
         }
         verdict

@@ -5,7 +5,7 @@ use crate::config::{IdentitySettings, TenantSource};
 use crate::fingerprint::{Fingerprint, FingerprintSpec};
 use crate::identity::{DerivedKeyFormat, IdempotencyKey, Identity, IdentityError, Tenant};
 use crate::json::{self, Json, JsonError};
-pub use crate::message::{Header, Incoming, Source};
+pub use crate::message::{Header, Incoming, Source, Transport};
 use std::sync::Arc;
 
 /// Why a message cannot be processed at all. It is dead-lettered and never

@@ -1,32 +1,44 @@
-//! Metrics and log lines for every decision.
+//! What every decision leaves behind, the same for both engines: its count
+//! in `dedupq_messages_total`, the "message decided" log line, and the
+//! outcome on the message's span.
 
-use super::core::{transport_label, Engine};
 use super::decision::{Action, Decision, Outcome};
 use super::message::Incoming;
-use crate::store::ClaimResult;
+use crate::metrics::Metrics;
+use crate::telemetry::spans::BatchTrace;
 
-impl Engine {
-    pub(super) fn record(&self, msg: &Incoming, d: &Decision) {
-        let m = &self.inner.metrics;
-        let transport = transport_label(&msg.source);
-        m.messages
-            .with_label_values(&[transport, d.outcome.label()])
+/// Records the decision about every message of `batch`, in order.
+pub(super) fn record(
+    metrics: &Metrics,
+    trace: &BatchTrace,
+    batch: &[Incoming],
+    decisions: &[Decision],
+) {
+    for (index, (msg, d)) in batch.iter().zip(decisions).enumerate() {
+        metrics
+            .messages
+            .with_label_values(&[msg.source.transport().label(), d.outcome.label()])
             .inc();
-        let (tenant, key) = d
-            .identity
-            .as_ref()
-            .map(|i| (i.tenant.as_str(), i.key.as_str()))
-            .unwrap_or_default();
-        let epoch = d.epoch.map(|e| e.0);
-        match d.outcome {
-            Outcome::Processed | Outcome::Duplicate | Outcome::InFlight => tracing::debug!(
-                tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source, "message decided"
-            ),
-            _ => tracing::info!(
-                tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source,
-                action = %action_label(&d.action), "message decided"
-            ),
-        }
+        log(msg, d);
+        trace.decided(index, d.identity.as_ref(), d.epoch, d.outcome.label());
+    }
+}
+
+fn log(msg: &Incoming, d: &Decision) {
+    let (tenant, key) = d
+        .identity
+        .as_ref()
+        .map(|i| (i.tenant.as_str(), i.key.as_str()))
+        .unwrap_or_default();
+    let epoch = d.epoch.map(|e| e.0);
+    match d.outcome {
+        Outcome::Processed | Outcome::Duplicate | Outcome::InFlight => tracing::debug!(
+            tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source, "message decided"
+        ),
+        _ => tracing::info!(
+            tenant, key, epoch, outcome = d.outcome.label(), source = %msg.source,
+            action = %action_label(&d.action), "message decided"
+        ),
     }
 }
 
@@ -38,18 +50,5 @@ fn action_label(a: &Action) -> String {
         }
         Action::RetryLater { after } => format!("retry_later({after:?})"),
         Action::Postpone { after } => format!("postpone({after:?})"),
-    }
-}
-
-pub(super) fn claim_label(r: &ClaimResult) -> &'static str {
-    match r {
-        ClaimResult::Won(_) => "won",
-        ClaimResult::TakenOver(_) => "takeover",
-        ClaimResult::Duplicate(_) => "duplicate",
-        ClaimResult::Held { .. } => "held",
-        ClaimResult::HeldUnknown { .. } => "held_unknown",
-        ClaimResult::Conflict => "conflict",
-        ClaimResult::Locked => "locked",
-        ClaimResult::Contended => "contended",
     }
 }

@@ -1,24 +1,25 @@
 //! Same-database mode: the handler writes to the same PostgreSQL inside
 //! the claim's transaction, so claim, work and result commit together or
-//! not at all. No lease, no renewal, no fencing needed.
+//! not at all. No lease, no renewal, no fencing needed. What a claim that
+//! settles its message decides, and what every decision leaves behind, are
+//! the same as in the leased engine (`settle.rs`, `record.rs`).
 
-use super::core::{limit_retries, transport_label};
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
-use super::message::{Incoming, Parser};
+use super::message::{Incoming, Parsed, Parser};
 use super::options::EngineOptions;
 use super::pipeline::{Pipeline, Unavailable};
+use super::record::record;
+use super::settle::{limit_retries, settled, stored};
 use crate::backoff::Backoff;
 use crate::handler::{HandlerCall, HandlerResult, Request};
-use crate::identity::Identity;
+use crate::identity::Epoch;
 use crate::metrics::Metrics;
-use crate::store::{
-    ClaimRequest, ClaimResult, KeyStatus, Store, StoreError, StoredResult, TxClaim,
-};
+use crate::store::{ClaimRequest, KeyStatus, Store, StoreError, TxClaim};
 use crate::telemetry::spans::{self, BatchTrace};
 use async_trait::async_trait;
 use chrono::Utc;
 use futures::stream::{self, StreamExt};
-use sqlx::{Executor, PgConnection};
+use sqlx::{PgConnection, Postgres, Transaction};
 use std::sync::Arc;
 use tracing::{Instrument, Span};
 
@@ -152,13 +153,7 @@ impl TransactionalEngine {
             .zip(batch)
             .map(|(d, msg)| d.map(|d| limit_retries(msg, d)))
             .collect::<Result<_, _>>()?;
-        for (i, (msg, d)) in batch.iter().zip(&decisions).enumerate() {
-            trace.decided(i, d);
-            self.metrics
-                .messages
-                .with_label_values(&[transport_label(&msg.source), d.outcome.label()])
-                .inc();
-        }
+        record(&self.metrics, &trace, batch, &decisions);
         Ok(decisions)
     }
 
@@ -174,81 +169,33 @@ impl TransactionalEngine {
             content_type: msg.content_type.as_deref(),
             derived_key: &parsed.derived_key,
         };
-        let decided = |outcome, action| Decision {
-            outcome,
-            action,
-            identity: Some(parsed.identity.clone()),
-            fingerprint: Some(parsed.fingerprint.clone()),
-            epoch: None,
-        };
-        let mut tx = match self
+        match self
             .store
             .claim_in_transaction(&request, &self.options.owner)
             .await?
         {
-            TxClaim::Owned(tx) => tx,
-            TxClaim::Settled(ClaimResult::Duplicate(stored)) => {
-                return Ok(decided(
-                    Outcome::Duplicate,
-                    Action::Commit {
-                        reply: Some(stored),
-                    },
-                ))
-            }
-            TxClaim::Settled(ClaimResult::HeldUnknown { .. }) => {
-                return Ok(decided(
-                    Outcome::Unknown,
-                    Action::Commit {
-                        reply: Some(StoredResult::unknown()),
-                    },
-                ))
-            }
-            TxClaim::Settled(ClaimResult::Conflict) => {
-                return Ok(decided(
-                    Outcome::Conflict,
-                    Action::DeadLetter {
-                        reason: DeadLetterReason::Conflict,
-                        detail: "this key was already used for a different operation".into(),
-                    },
-                ))
-            }
-            TxClaim::Settled(_) => {
-                let after = self.options.backoff.min;
-                return Ok(decided(Outcome::InFlight, Action::RetryLater { after }));
-            }
-        };
+            TxClaim::Owned(tx) => self.run_in(tx, msg, &parsed, span).await,
+            TxClaim::Settled(result) => Ok(settled(result, &parsed, self.options.backoff)),
+        }
+    }
+
+    /// Runs the handler inside the claim's transaction `tx` and commits its
+    /// writes with the result; a permanent failure keeps only the result,
+    /// a transient one (or a timeout) nothing.
+    async fn run_in(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        msg: &Incoming,
+        parsed: &Parsed,
+        span: Span,
+    ) -> Result<Decision, StoreError> {
         // Nothing of a rolled-back attempt is stored, so the attempts are
         // the times the transport brought the message back.
         let attempt = msg.retries.saturating_add(1);
-        let call = HandlerCall {
-            identity: &parsed.identity,
-            derived_key: &parsed.derived_key,
-            request: Request {
-                body: &msg.body,
-                content_type: msg.content_type.as_deref(),
-            },
-            headers: &msg.headers,
-            attempt,
-            epoch: crate::identity::Epoch(1),
-            owner: &self.options.owner,
-            lease_deadline: Utc::now() + self.options.handler_timeout,
-            source: &msg.source,
-            uncertain: false,
-        };
+        let call = self.call(msg, parsed, attempt);
         let timeout = self.options.handler_timeout;
-        // PostgreSQL itself ends a handler statement that runs past the
-        // timeout, so an abandoned attempt does not hold the key's row (and
-        // its connection) for as long as the statement would have run.
-        // The handler's own statements wait for locks as long as the
-        // timeout allows, not store.lock_timeout (which is for dedupq's
-        // statements over many keys).
-        let limit = format!(
-            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; SAVEPOINT dedupq_handler",
-            timeout.as_millis().max(1)
-        );
-        let conn: &mut PgConnection = &mut tx;
-        conn.execute(sqlx::raw_sql(&limit)).await?;
-        let handler_span = spans::handler(&span, attempt, crate::identity::Epoch(1));
+        Store::begin_handler(&mut tx, timeout).await?;
+        let handler_span = spans::handler(&span, attempt, Epoch(1));
         let call_handler = self.handler.handle(&mut tx, &call);
         let Ok(ran) =
             tokio::time::timeout(timeout, call_handler.instrument(handler_span.clone())).await
@@ -262,68 +209,76 @@ impl TransactionalEngine {
                 "the handler did not finish within handler.timeout ({})",
                 humantime::format_duration(timeout)
             );
-            return Ok(self.not_done(&parsed.identity, attempt, error, decided));
+            return Ok(self.not_done(parsed, attempt, error));
         };
-        let label = match &ran {
-            Ok(_) => ("success", true),
-            Err(TxFailure::Permanent(_)) => ("permanent", true),
-            Err(TxFailure::Transient(_)) => ("transient", false),
-        };
-        spans::handled(&handler_span, label.0, label.1);
+        handled(&handler_span, &ran);
         let (outcome, reply) = match ran {
             Ok(r) => (Outcome::Processed, stored(KeyStatus::Done, r)),
             Err(TxFailure::Permanent(r)) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT dedupq_handler")
-                    .execute(&mut *tx)
-                    .await?;
+                Store::roll_back_handler(&mut tx).await?;
                 (Outcome::Failed, stored(KeyStatus::Failed, r))
             }
             Err(TxFailure::Transient(error)) => {
                 tx.rollback().await?;
-                return Ok(self.not_done(&parsed.identity, attempt, error, decided));
+                return Ok(self.not_done(parsed, attempt, error));
             }
         };
         Store::finish_in_transaction(&mut tx, &parsed.identity, &reply).await?;
         tx.commit().await?;
-        Ok(decided(outcome, Action::Commit { reply: Some(reply) }))
+        Ok(Decision::about(
+            outcome,
+            Action::Commit { reply: Some(reply) },
+            parsed,
+        ))
     }
-}
 
-impl TransactionalEngine {
+    fn call<'a>(&'a self, msg: &'a Incoming, parsed: &'a Parsed, attempt: u32) -> HandlerCall<'a> {
+        HandlerCall {
+            identity: &parsed.identity,
+            derived_key: &parsed.derived_key,
+            request: Request {
+                body: &msg.body,
+                content_type: msg.content_type.as_deref(),
+            },
+            headers: &msg.headers,
+            attempt,
+            epoch: Epoch(1),
+            owner: &self.options.owner,
+            lease_deadline: Utc::now() + self.options.handler_timeout,
+            source: &msg.source,
+            uncertain: false,
+        }
+    }
+
     /// A rolled-back attempt: nothing of it happened and nothing is stored
     /// for the key, so the message is retried, and after
     /// `engine.max_attempts` dead-lettered with the key still free (a
     /// replay of the dead letter runs the work afresh).
-    fn not_done(
-        &self,
-        identity: &Identity,
-        attempt: u32,
-        error: String,
-        decided: impl Fn(Outcome, Action) -> Decision,
-    ) -> Decision {
+    fn not_done(&self, parsed: &Parsed, attempt: u32, error: String) -> Decision {
+        let identity = &parsed.identity;
         if attempt >= self.options.max_attempts {
             tracing::warn!(%identity, attempt, %error, "transactional handler failed on its last attempt; dead-lettered");
-            return decided(
-                Outcome::Failed,
-                Action::DeadLetter {
-                    reason: DeadLetterReason::ExhaustedRetries,
-                    detail: format!("{attempt} attempts failed; last error: {error}"),
-                },
-            );
+            let action = Action::DeadLetter {
+                reason: DeadLetterReason::ExhaustedRetries,
+                detail: format!("{attempt} attempts failed; last error: {error}"),
+            };
+            return Decision::about(Outcome::Failed, action, parsed);
         }
         tracing::info!(%identity, attempt, %error, "transactional handler failed; retrying later");
         let after = self.options.backoff.after_attempt(attempt);
-        decided(Outcome::Retried, Action::RetryLater { after })
+        Decision::about(Outcome::Retried, Action::RetryLater { after }, parsed)
     }
 }
 
-fn stored(status: KeyStatus, r: HandlerResult) -> StoredResult {
-    StoredResult {
-        status,
-        result_status: r.status,
-        body: r.body,
-        content_type: r.content_type,
-    }
+/// Records the handler's outcome on its span, as the leased engine's
+/// handler outcomes are labelled.
+fn handled(span: &Span, ran: &Result<HandlerResult, TxFailure>) {
+    let (label, answered) = match ran {
+        Ok(_) => ("success", true),
+        Err(TxFailure::Permanent(_)) => ("permanent", true),
+        Err(TxFailure::Transient(_)) => ("transient", false),
+    };
+    spans::handled(span, label, answered);
 }
 
 #[async_trait]

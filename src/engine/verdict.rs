@@ -1,303 +1,290 @@
-//! The rules that turn a handler's outcome into what is stored for the key
-//! and what happens to the message. The one place that decides done,
-//! failed, retried, unknown or held.
+//! The rules that turn a handler run into what is stored for the key and
+//! what happens to the message: the one place that decides done, failed,
+//! retried, unknown or held. Pure: the engine gathers the facts about the
+//! claim and applies the verdict.
 
-use super::claimed::{Owned, Ran, Skip};
-use super::core::Engine;
-use super::decision::{Action, DeadLetterReason, Decision, Outcome};
+use super::batch::{Ran, Skip};
+use super::decision::{Action, DeadLetterReason, Outcome};
+use super::options::EngineOptions;
 use super::provider_gate::Signal;
+use super::settle::stored;
+use crate::backoff::Backoff;
 use crate::handler::{HandlerOutcome, HandlerResult};
-use crate::health::Component;
 use crate::store::{Answer, Finish, KeyStatus, StoredResult};
 use std::time::Duration;
 
-/// What one finished handler run leads to.
-pub(super) struct Verdict {
-    pub finish: Finish,
-    pub decision: Decision,
+/// What is known about the claim whose handler ran.
+pub(super) struct Facts {
+    /// Attempts on the key, this one included (at least 1).
+    pub attempts: u32,
+    /// An earlier attempt's outcome is unknown.
+    pub uncertain: bool,
+    /// `Processed` for a new key, `Takeover` for one taken over.
+    pub fresh: Outcome,
+    /// How long the key's attempts have gone on, time paused for a
+    /// provider outage not counted.
+    pub active: Duration,
+    /// Retries in a row that used no attempt, this one included (see
+    /// [`uses_no_attempt`]).
+    pub streak: u32,
 }
 
-/// Keys whose uncounted retries are remembered at most (a fault of a
-/// whole deployment should not grow memory without bound).
-const STREAKS_KEPT: usize = 10_000;
+/// What one handler run leads to: what is stored for the key, and what
+/// happens to the message.
+pub(super) struct Verdict {
+    pub finish: Finish,
+    pub outcome: Outcome,
+    pub action: Action,
+}
 
-impl Engine {
-    pub(super) fn judge(&self, owned: &Owned<'_>, ran: Ran) -> Verdict {
-        let (out, probe) = match ran {
-            Ran::Called { outcome, probe } => (outcome, probe),
-            Ran::Skipped(skip) => return self.skipped(owned, skip),
-        };
-        // A probe that finds the provider still down tells about the
-        // provider, not the payment: it uses no attempt.
-        let probe_failed = probe && !matches!(Signal::of(&out), Signal::Answered);
-        let opts = &self.inner.options;
-        let claim = &owned.claim;
-        let identity = &owned.pending.parsed.identity;
-        let attempts = claim.attempts.max(1) as u32;
-        // Time paused for a provider outage is not the payment's.
-        let active = claim
-            .age
-            .saturating_sub(self.inner.gate.paused_within(claim.age));
-        let out_of_time = active >= opts.retry_for && !probe_failed;
-        let last = (attempts >= opts.max_attempts && !probe_failed) || out_of_time;
-        // Retries that use no attempt (a fault, a provider still working on
-        // the key: 409) back off on a streak of their own. A provider that
-        // says "still working" for as many tries as the attempts allow is
-        // stuck: from then on its 409s count.
-        let is_409 = matches!(
-            out,
-            HandlerOutcome::Transient {
-                status: Some(409),
-                ..
-            }
+/// Where a run stands among the key's attempts.
+struct Standing {
+    attempts: u32,
+    streak: u32,
+    uncertain: bool,
+    active: Duration,
+    backoff: Backoff,
+    /// `handler.retry_for` is used up.
+    out_of_time: bool,
+    /// The attempts or `handler.retry_for` are used up.
+    last: bool,
+    /// A 409: the provider still works on the key.
+    still_running: bool,
+}
+
+/// Whether a retry after `outcome` uses no attempt (a fault, a provider
+/// still working on the key: 409); such retries back off on a streak.
+pub(super) fn uses_no_attempt(outcome: &HandlerOutcome) -> bool {
+    is_409(outcome) || matches!(outcome, HandlerOutcome::Fault { .. })
+}
+
+/// The verdict on a run of the claim `facts` describe.
+pub(super) fn judge(facts: &Facts, ran: Ran, opts: &EngineOptions) -> Verdict {
+    match ran {
+        Ran::Called { outcome, probe } => called(facts, outcome, probe, opts),
+        Ran::Skipped(skip) => skipped(skip, facts.uncertain, opts.backoff),
+    }
+}
+
+fn called(facts: &Facts, out: HandlerOutcome, probe: bool, opts: &EngineOptions) -> Verdict {
+    // A probe that finds the provider still down tells about the
+    // provider, not the payment: it uses no attempt.
+    let probe_failed = probe && !matches!(Signal::of(&out), Signal::Answered);
+    let at = Standing::new(facts, &out, probe_failed, opts);
+    // After an attempt whose outcome is unknown, only an answer about
+    // that first request settles the key: anything short of a success or
+    // a definitive refusal leaves it unknown.
+    let out = match out {
+        HandlerOutcome::Transient { error, .. } if at.uncertain && !at.still_running => {
+            HandlerOutcome::Unknown { error }
+        }
+        other => other,
+    };
+    let (finish, outcome, action) = match out {
+        HandlerOutcome::Success(r) => {
+            let reply = stored(KeyStatus::Done, r.clone());
+            (Finish::Done(answer(r)), facts.fresh, commit(reply))
+        }
+        HandlerOutcome::Permanent(r) => {
+            let reply = stored(KeyStatus::Failed, r.clone());
+            (Finish::Failed(answer(r)), Outcome::Failed, commit(reply))
+        }
+        HandlerOutcome::Transient {
+            error, retry_after, ..
+        } => transient(&at, error, retry_after),
+        HandlerOutcome::Unknown { error } => unknown(&at, error),
+        HandlerOutcome::Fault { error, .. } => faulted(&at, error),
+    };
+    let finish = if probe_failed {
+        refunded(finish)
+    } else {
+        finish
+    };
+    Verdict {
+        finish,
+        outcome,
+        action,
+    }
+}
+
+fn transient(
+    at: &Standing,
+    error: String,
+    retry_after: Option<Duration>,
+) -> (Finish, Outcome, Action) {
+    // The provider still works on the key (or, for a first attempt, on a
+    // request of another process): this attempt did nothing.
+    if at.still_running && !at.out_of_time {
+        let finish = give_back(at.uncertain, error);
+        return (finish, Outcome::Retried, at.retry(retry_after));
+    }
+    // Nothing ever reached the provider: the key is left free, so
+    // replaying the dead letter runs the payment. Never failed.
+    let action = if at.last {
+        Action::DeadLetter {
+            reason: DeadLetterReason::ExhaustedRetries,
+            detail: format!(
+                "nothing reached the provider in {}; the key is free: replaying this \
+                 message runs the payment. Last error: {error}",
+                at.spent()
+            ),
+        }
+    } else {
+        at.retry(retry_after)
+    };
+    let finish = Finish::Release {
+        error,
+        refund: false,
+    };
+    (finish, Outcome::Retried, action)
+}
+
+fn unknown(at: &Standing, error: String) -> (Finish, Outcome, Action) {
+    let action = if at.last {
+        Action::DeadLetter {
+            reason: DeadLetterReason::OutcomeUnknown,
+            detail: format!(
+                "outcome unknown after {}, held for an operator (dedupq keys settle): {error}",
+                at.spent()
+            ),
+        }
+    } else {
+        at.retry(None)
+    };
+    let finish = Finish::Unknown {
+        error,
+        hold: at.last,
+        refund: false,
+    };
+    (finish, Outcome::Unknown, action)
+}
+
+/// A fault says nothing about the payment: the attempt is given back and
+/// an uncertain key stays unknown. Past `handler.retry_for` the message is
+/// dead-lettered, before it could outlive the keys behind it in its
+/// partition (whose retention runs meanwhile).
+fn faulted(at: &Standing, error: String) -> (Finish, Outcome, Action) {
+    if !at.out_of_time {
+        return (
+            give_back(at.uncertain, error),
+            Outcome::Fault,
+            at.retry(None),
         );
-        let uncounted = is_409 || matches!(out, HandlerOutcome::Fault { .. });
-        let streak = self.streak(identity, uncounted);
-        let still_running = is_409 && streak <= opts.max_attempts;
-        // After an attempt whose outcome is unknown, only an answer about
-        // that first request settles the key: anything short of a success
-        // or a definitive refusal leaves it unknown.
-        let out = match out {
-            HandlerOutcome::Transient { error, .. } if claim.uncertain && !still_running => {
-                HandlerOutcome::Unknown { error }
-            }
-            other => other,
-        };
-        // An answer about the payment clears a fault (the gate reports an
-        // outage of its own, until a probe is answered).
-        let answered = matches!(
-            out,
-            HandlerOutcome::Success(_) | HandlerOutcome::Permanent(_)
+    }
+    let spent = at.spent();
+    if at.uncertain {
+        let detail = format!(
+            "outcome unknown, and the handler kept faulting for {spent}: held for an \
+             operator (dedupq keys settle): {error}"
         );
-        if answered && self.inner.gate.paused().is_none() {
-            self.inner.health.set(Component::Handler, true);
-        }
-        let retry = |retry_after: Option<Duration>| Action::RetryLater {
-            after: opts
-                .backoff
-                .after_attempt(attempts.saturating_add(streak))
-                .max(retry_after.unwrap_or_default()),
+        let finish = Finish::Unknown {
+            error,
+            hold: true,
+            refund: true,
         };
-        let spent = || {
-            format!(
-                "{attempts} attempts over {}",
-                humantime::format_duration(Duration::from_secs(active.as_secs()))
-            )
-        };
-        let (finish, outcome, action) = match out {
-            HandlerOutcome::Success(r) => {
-                let stored = stored(KeyStatus::Done, &r);
-                (Finish::Done(answer(r)), owned.fresh, commit(stored))
-            }
-            HandlerOutcome::Permanent(r) => {
-                let stored = stored(KeyStatus::Failed, &r);
-                (Finish::Failed(answer(r)), Outcome::Failed, commit(stored))
-            }
-            // The provider still works on the key (or, for a first attempt,
-            // on a request of another process): this attempt did nothing.
-            HandlerOutcome::Transient {
-                error, retry_after, ..
-            } if still_running && !out_of_time => {
-                let finish = if claim.uncertain {
-                    Finish::Unknown {
-                        error,
-                        hold: false,
-                        refund: true,
-                    }
-                } else {
-                    Finish::Release {
-                        error,
-                        refund: true,
-                    }
-                };
-                (finish, Outcome::Retried, retry(retry_after))
-            }
-            // Nothing ever reached the provider: the key is left free, so
-            // replaying the dead letter runs the payment. Never failed.
-            HandlerOutcome::Transient { error, .. } if last => {
-                let action = Action::DeadLetter {
-                    reason: DeadLetterReason::ExhaustedRetries,
-                    detail: format!(
-                        "nothing reached the provider in {}; the key is free: replaying this \
-                         message runs the payment. Last error: {error}",
-                        spent()
-                    ),
-                };
-                let finish = Finish::Release {
-                    error,
-                    refund: false,
-                };
-                (finish, Outcome::Retried, action)
-            }
-            HandlerOutcome::Transient {
-                error, retry_after, ..
-            } => (
-                Finish::Release {
-                    error,
-                    refund: false,
-                },
-                Outcome::Retried,
-                retry(retry_after),
-            ),
-            HandlerOutcome::Unknown { error } if last => {
-                let action = Action::DeadLetter {
-                    reason: DeadLetterReason::OutcomeUnknown,
-                    detail: format!(
-                        "outcome unknown after {}, held for an operator (dedupq keys settle): \
-                         {error}",
-                        spent()
-                    ),
-                };
-                let finish = Finish::Unknown {
-                    error,
-                    hold: true,
-                    refund: false,
-                };
-                (finish, Outcome::Unknown, action)
-            }
-            HandlerOutcome::Unknown { error } => (
-                Finish::Unknown {
-                    error,
-                    hold: false,
-                    refund: false,
-                },
-                Outcome::Unknown,
-                retry(None),
-            ),
-            HandlerOutcome::Fault { reason, error, .. } => {
-                self.inner
-                    .metrics
-                    .handler_faults
-                    .with_label_values(&[reason.label()])
-                    .inc();
-                self.inner.health.set(Component::Handler, false);
-                tracing::warn!(%identity, reason = reason.label(), %error, streak,
-                    "handler fault: the answer points at dedupq's configuration; nothing stored, retrying");
-                self.faulted(claim.uncertain, error, out_of_time, spent(), retry(None))
-            }
-        };
-        let finish = if probe_failed {
-            refunded(finish)
-        } else {
-            finish
-        };
-        let mut decision = Decision::about(outcome, action, &owned.pending.parsed);
-        decision.epoch = Some(claim.epoch);
-        Verdict { finish, decision }
+        let reason = DeadLetterReason::OutcomeUnknown;
+        return (
+            finish,
+            Outcome::Unknown,
+            Action::DeadLetter { reason, detail },
+        );
     }
+    let detail = format!(
+        "the handler's answers pointed at dedupq's configuration for {spent}; \
+         nothing was charged and the key is free: fix the configuration and \
+         replay this message. Last answer: {error}"
+    );
+    let reason = DeadLetterReason::HandlerFault;
+    (
+        give_back(false, error),
+        Outcome::Fault,
+        Action::DeadLetter { reason, detail },
+    )
+}
 
-    /// A fault says nothing about the payment: the attempt is given back
-    /// and an uncertain key stays unknown. Past `handler.retry_for` the
-    /// message is dead-lettered, before it could outlive the keys behind it
-    /// in its partition (whose retention runs meanwhile).
-    fn faulted(
-        &self,
-        uncertain: bool,
-        error: String,
-        out_of_time: bool,
-        spent: String,
-        retry: Action,
-    ) -> (Finish, Outcome, Action) {
-        match (uncertain, out_of_time) {
-            (true, true) => (
-                Finish::Unknown {
-                    error: error.clone(),
-                    hold: true,
-                    refund: true,
-                },
-                Outcome::Unknown,
-                Action::DeadLetter {
-                    reason: DeadLetterReason::OutcomeUnknown,
-                    detail: format!(
-                        "outcome unknown, and the handler kept faulting for {spent}: held for an \
-                         operator (dedupq keys settle): {error}"
-                    ),
-                },
-            ),
-            (false, true) => (
-                Finish::Release {
-                    error: error.clone(),
-                    refund: true,
-                },
-                Outcome::Fault,
-                Action::DeadLetter {
-                    reason: DeadLetterReason::HandlerFault,
-                    detail: format!(
-                        "the handler's answers pointed at dedupq's configuration for {spent}; \
-                         nothing was charged and the key is free: fix the configuration and \
-                         replay this message. Last answer: {error}"
-                    ),
-                },
-            ),
-            (true, false) => (
-                Finish::Unknown {
-                    error,
-                    hold: false,
-                    refund: true,
-                },
-                Outcome::Fault,
-                retry,
-            ),
-            (false, false) => (
-                Finish::Release {
-                    error,
-                    refund: true,
-                },
-                Outcome::Fault,
-                retry,
-            ),
+/// A call that never started: the key is given back without using an
+/// attempt (an uncertain key stays unknown).
+fn skipped(skip: Skip, uncertain: bool, backoff: Backoff) -> Verdict {
+    let (outcome, action, error) = match skip {
+        Skip::Paused(after) => (
+            Outcome::Paused,
+            Action::Postpone { after },
+            "not called: intake paused for a provider outage",
+        ),
+        Skip::LeaseInDoubt => (
+            Outcome::LeaseLost,
+            Action::RetryLater { after: backoff.min },
+            "not called: the lease may have ended before the call",
+        ),
+    };
+    Verdict {
+        finish: give_back(uncertain, error.to_string()),
+        outcome,
+        action,
+    }
+}
+
+impl Standing {
+    fn new(facts: &Facts, out: &HandlerOutcome, probe_failed: bool, opts: &EngineOptions) -> Self {
+        let out_of_time = facts.active >= opts.retry_for && !probe_failed;
+        Self {
+            attempts: facts.attempts,
+            streak: facts.streak,
+            uncertain: facts.uncertain,
+            active: facts.active,
+            backoff: opts.backoff,
+            out_of_time,
+            last: (facts.attempts >= opts.max_attempts && !probe_failed) || out_of_time,
+            // A provider that says "still working" for as many tries as
+            // the attempts allow is stuck: from then on its 409s count.
+            still_running: is_409(out) && facts.streak <= opts.max_attempts,
         }
     }
 
-    /// A call that never started: the key is given back without using an
-    /// attempt (an uncertain key stays unknown).
-    fn skipped(&self, owned: &Owned<'_>, skip: Skip) -> Verdict {
-        let (outcome, action, error) = match skip {
-            Skip::Paused(after) => (
-                Outcome::Paused,
-                Action::Postpone { after },
-                "not called: intake paused for a provider outage",
-            ),
-            Skip::LeaseInDoubt => (
-                Outcome::LeaseLost,
-                Action::RetryLater {
-                    after: self.inner.options.backoff.min,
-                },
-                "not called: the lease may have ended before the call",
-            ),
-        };
-        let error = error.to_string();
-        let finish = if owned.claim.uncertain {
-            Finish::Unknown {
-                error,
-                hold: false,
-                refund: true,
-            }
-        } else {
-            Finish::Release {
-                error,
-                refund: true,
-            }
-        };
-        let mut decision = Decision::about(outcome, action, &owned.pending.parsed);
-        decision.epoch = Some(owned.claim.epoch);
-        Verdict { finish, decision }
+    /// Retry after the backoff of this attempt and streak, or later if the
+    /// provider asked so.
+    fn retry(&self, retry_after: Option<Duration>) -> Action {
+        let after = self
+            .backoff
+            .after_attempt(self.attempts.saturating_add(self.streak))
+            .max(retry_after.unwrap_or_default());
+        Action::RetryLater { after }
     }
 
-    /// The key's streak of uncounted retries, after this one (`counts`:
-    /// one more; else the streak ends).
-    fn streak(&self, identity: &crate::identity::Identity, counts: bool) -> u32 {
-        let mut streaks = self.inner.streaks.lock().unwrap_or_else(|e| e.into_inner());
-        if !counts {
-            streaks.remove(identity);
-            return 0;
+    /// The attempts and time spent, for a dead letter's detail.
+    fn spent(&self) -> String {
+        format!(
+            "{} attempts over {}",
+            self.attempts,
+            humantime::format_duration(Duration::from_secs(self.active.as_secs()))
+        )
+    }
+}
+
+fn is_409(outcome: &HandlerOutcome) -> bool {
+    matches!(
+        outcome,
+        HandlerOutcome::Transient {
+            status: Some(409),
+            ..
         }
-        if streaks.len() >= STREAKS_KEPT && !streaks.contains_key(identity) {
-            streaks.clear();
+    )
+}
+
+/// The key given back without using an attempt: released, or left
+/// unknown if an earlier attempt's outcome is.
+fn give_back(uncertain: bool, error: String) -> Finish {
+    if uncertain {
+        Finish::Unknown {
+            error,
+            hold: false,
+            refund: true,
         }
-        let n = streaks.entry(identity.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+    } else {
+        Finish::Release {
+            error,
+            refund: true,
+        }
     }
 }
 
@@ -325,17 +312,11 @@ fn answer(r: HandlerResult) -> Answer {
     }
 }
 
-fn stored(status: KeyStatus, r: &HandlerResult) -> StoredResult {
-    StoredResult {
-        status,
-        result_status: r.status,
-        body: r.body.clone(),
-        content_type: r.content_type.clone(),
-    }
-}
-
 fn commit(stored: StoredResult) -> Action {
     Action::Commit {
         reply: Some(stored),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -426,13 +426,7 @@ mod tests {
             body: b"{}".to_vec(),
             content_type: None,
         };
-        match h.classify(uncertain, result, retry_after) {
-            HandlerOutcome::Success(_) => "success",
-            HandlerOutcome::Permanent(_) => "permanent",
-            HandlerOutcome::Transient { .. } => "transient",
-            HandlerOutcome::Unknown { .. } => "unknown",
-            HandlerOutcome::Fault { .. } => "fault",
-        }
+        h.classify(uncertain, result, retry_after).label()
     }
 
     #[test]

@@ -131,6 +131,20 @@ pub enum HandlerOutcome {
     },
 }
 
+impl HandlerOutcome {
+    /// The `result` label of `dedupq_handler_duration_seconds`, and the
+    /// outcome of the handler's span.
+    pub fn label(&self) -> &'static str {
+        match self {
+            HandlerOutcome::Success(_) => "success",
+            HandlerOutcome::Permanent(_) => "permanent",
+            HandlerOutcome::Transient { .. } => "transient",
+            HandlerOutcome::Unknown { .. } => "unknown",
+            HandlerOutcome::Fault { .. } => "fault",
+        }
+    }
+}
+
 /// Why a handler answer is a configuration fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultReason {

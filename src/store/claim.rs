@@ -227,6 +227,23 @@ pub enum ClaimResult {
     Contended,
 }
 
+impl ClaimResult {
+    /// The `result` label of `dedupq_claims_total`, and the claim event of
+    /// a message's span.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClaimResult::Won(_) => "won",
+            ClaimResult::TakenOver(_) => "takeover",
+            ClaimResult::Duplicate(_) => "duplicate",
+            ClaimResult::Held { .. } => "held",
+            ClaimResult::HeldUnknown { .. } => "held_unknown",
+            ClaimResult::Conflict => "conflict",
+            ClaimResult::Locked => "locked",
+            ClaimResult::Contended => "contended",
+        }
+    }
+}
+
 impl Store {
     /// Claims every request in one round trip. The requests must have
     /// distinct identities (PostgreSQL refuses to touch a row twice in one

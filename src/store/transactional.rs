@@ -6,7 +6,8 @@
 use super::claim::classify;
 use super::{ClaimRequest, ClaimResult, Store, StoreError, StoredResult};
 use crate::identity::Identity;
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Executor, PgConnection, Postgres, Transaction};
+use std::time::Duration;
 
 const TX_CLAIM_SQL: &str = r#"
 INSERT INTO dedupq_keys
@@ -35,6 +36,9 @@ UPDATE dedupq_keys SET
     attempt_open = false, completed_at = now(), updated_at = now()
 WHERE tenant = $1 AND key = $2 AND status = 'in_progress'
 "#;
+
+/// Undoes the handler's writes back to the savepoint `begin_handler` set.
+const ROLLBACK_HANDLER_SQL: &str = "ROLLBACK TO SAVEPOINT dedupq_handler";
 
 /// What a same-database claim found.
 pub enum TxClaim {
@@ -88,6 +92,32 @@ impl Store {
             Some(row) => classify(&row, request.fingerprint)?,
             None => ClaimResult::Contended,
         }))
+    }
+
+    /// Bounds the handler's statements inside the claim's transaction and
+    /// marks where its writes begin. PostgreSQL itself ends a handler
+    /// statement that runs past `timeout`, so an abandoned attempt does not
+    /// hold the key's row (and its connection) for as long as the statement
+    /// would have run. The handler's own statements wait for locks as long
+    /// as the timeout allows, not store.lock_timeout (which is for dedupq's
+    /// statements over many keys).
+    pub async fn begin_handler(
+        conn: &mut PgConnection,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let limit = format!(
+            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; SAVEPOINT dedupq_handler",
+            timeout.as_millis().max(1)
+        );
+        conn.execute(sqlx::raw_sql(&limit)).await?;
+        Ok(())
+    }
+
+    /// Rolls back the handler's writes since [`Store::begin_handler`],
+    /// keeping the claim: a permanent failure is stored without them.
+    pub async fn roll_back_handler(conn: &mut PgConnection) -> Result<(), StoreError> {
+        sqlx::query(ROLLBACK_HANDLER_SQL).execute(conn).await?;
+        Ok(())
     }
 
     /// Stores a done or failed result inside the claim's transaction.

@@ -11,10 +11,12 @@
 //! without a `traceparent` is a child of a batch that started its own
 //! trace, or else starts one itself; every other message span links its
 //! batch span.
+//!
+//! The helpers take deliveries, identities and labels, never the engine's
+//! types: the engine calls telemetry, not the other way round.
 
 use super::{propagation::remote_context, TARGET};
-use crate::engine::{transport_label, Decision};
-use crate::identity::Epoch;
+use crate::identity::{Epoch, Identity};
 use crate::message::Incoming;
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::Context;
@@ -35,7 +37,9 @@ impl BatchTrace {
     /// Opens the batch span and one span per message, parented and linked
     /// as the module documentation says (all disabled when tracing is off).
     pub fn open(batch: &[Incoming]) -> Self {
-        let transport = batch.first().map_or("none", |m| transport_label(&m.source));
+        let transport = batch
+            .first()
+            .map_or("none", |m| m.source.transport().label());
         let span = tracing::info_span!(target: TARGET, parent: None, "dedupq.batch",
             otel.kind = "consumer", transport, size = batch.len());
         if span.is_disabled() {
@@ -92,25 +96,33 @@ impl BatchTrace {
         &self.messages[index]
     }
 
-    /// Records the decision on the message's span.
-    pub fn decided(&self, index: usize, d: &Decision) {
+    /// Records what was decided about the message at `index` on its span:
+    /// its tenant and key and the claim's epoch where known, and the
+    /// `outcome` label.
+    pub fn decided(
+        &self,
+        index: usize,
+        identity: Option<&Identity>,
+        epoch: Option<Epoch>,
+        outcome: &'static str,
+    ) {
         let span = &self.messages[index];
         if span.is_disabled() {
             return;
         }
-        if let Some(identity) = &d.identity {
+        if let Some(identity) = identity {
             span.record("tenant", identity.tenant.as_str());
             span.record("key", identity.key.as_str());
         }
-        if let Some(epoch) = d.epoch {
+        if let Some(epoch) = epoch {
             span.record("epoch", epoch.0);
         }
-        span.record("outcome", d.outcome.label());
+        span.record("outcome", outcome);
     }
 }
 
 fn message_span(msg: &Incoming, parent: Option<&Span>) -> Span {
-    let transport = transport_label(&msg.source);
+    let transport = msg.source.transport().label();
     match parent {
         Some(batch) => tracing::info_span!(target: TARGET, parent: batch, "dedupq.message",
             otel.kind = "consumer", transport, source = %msg.source,

@@ -12,6 +12,7 @@ use super::publish::{Outgoing, Publisher};
 use crate::backoff::Backoff;
 use crate::config::AmqpSettings;
 use crate::engine::{Action, Decision, Incoming};
+use crate::message::Transport;
 use crate::metrics::Metrics;
 use crate::store::StoredResult;
 use crate::transport::envelope::{self, Origin};
@@ -101,7 +102,7 @@ impl Applier<'_> {
                 Err(e) if attempt == REPLY_TRIES => {
                     self.metrics
                         .replies_failed
-                        .with_label_values(&["amqp"])
+                        .with_label_values(&[Transport::Amqp.label()])
                         .inc();
                     tracing::warn!(queue = self.queue, destination = %out.destination(), error = %crate::telemetry::chain(&e),
                         "reply not delivered; the outcome stays stored");
@@ -128,7 +129,7 @@ impl Applier<'_> {
         let waited = (Utc::now() - meta.first_seen).to_std().unwrap_or_default();
         self.metrics
             .end_to_end
-            .with_label_values(&["amqp"])
+            .with_label_values(&[Transport::Amqp.label()])
             .observe(waited.as_secs_f64());
         Ok(())
     }

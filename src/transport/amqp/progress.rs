@@ -4,6 +4,7 @@
 //! `dedupq_stalled_lanes`.
 
 use crate::health::{Component, Health};
+use crate::message::Transport;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -120,7 +121,7 @@ impl Progress {
         let stalled = self.stalled(queues, after);
         metrics
             .stalled_lanes
-            .with_label_values(&["amqp"])
+            .with_label_values(&[Transport::Amqp.label()])
             .set(stalled.len() as i64);
         if !stalled.is_empty() {
             tracing::warn!(queues = ?stalled, "stalled queues");

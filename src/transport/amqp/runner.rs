@@ -19,6 +19,7 @@ use crate::backoff::Backoff;
 use crate::config::AmqpSettings;
 use crate::engine::Pipeline;
 use crate::health::{Component, Health};
+use crate::message::Transport;
 use futures::StreamExt;
 use lapin::{Connection, Event};
 use std::sync::Arc;
@@ -191,7 +192,7 @@ impl Session {
         self.pipeline
             .metrics()
             .broker_up
-            .with_label_values(&["amqp"])
+            .with_label_values(&[Transport::Amqp.label()])
             .set(i64::from(up));
     }
 

@@ -7,6 +7,7 @@ use super::message::Held;
 use super::outbox::{Outbox, Persist};
 use super::reply;
 use crate::engine::{Action, Decision, Incoming, Pipeline};
+use crate::message::Transport;
 use crate::metrics::Metrics;
 use futures::future::join_all;
 use std::sync::Arc;
@@ -91,7 +92,7 @@ pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
                 shared
                     .metrics
                     .end_to_end
-                    .with_label_values(&["kafka"])
+                    .with_label_values(&[Transport::Kafka.label()])
                     .observe(elapsed_secs(&held));
                 durable.push((held.lane, held.offset));
             }
@@ -132,7 +133,7 @@ async fn apply(shared: &Shared, held: &Held, decision: &Decision) -> Applied {
                 shared
                     .metrics
                     .replies_failed
-                    .with_label_values(&["kafka"])
+                    .with_label_values(&[Transport::Kafka.label()])
                     .inc();
                 tracing::warn!(error = %crate::telemetry::chain(&e), source = %held.incoming.source,
                     "reply not delivered; the outcome stays stored");

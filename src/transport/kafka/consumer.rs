@@ -12,6 +12,7 @@ use super::message::Held;
 use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
 use crate::health::{Component, Health};
+use crate::message::Transport;
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
@@ -180,7 +181,7 @@ impl Pump {
         self.shared
             .metrics
             .stalled_lanes
-            .with_label_values(&["kafka"])
+            .with_label_values(&[Transport::Kafka.label()])
             .set(stalled.len() as i64);
         let lines = stalled
             .iter()

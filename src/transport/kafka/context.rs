@@ -3,6 +3,7 @@
 
 use super::ledger::{Ledger, Tp};
 use crate::health::{Component, Health};
+use crate::message::Transport;
 use crate::metrics::Metrics;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
@@ -23,7 +24,7 @@ impl Context {
         self.health.set(Component::Kafka, up);
         self.metrics
             .broker_up
-            .with_label_values(&["kafka"])
+            .with_label_values(&[Transport::Kafka.label()])
             .set(up as i64);
     }
 
