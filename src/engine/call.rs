@@ -158,10 +158,10 @@ pub(super) fn judge(inner: &Inner, o: &Owned<'_>, ran: Ran) -> Verdict {
             let streak = inner
                 .streaks
                 .next(identity, verdict::uses_no_attempt(outcome));
-            report(inner, identity, outcome, streak);
+            report(inner, identity, outcome, streak.count);
             streak
         }
-        Ran::Skipped(_) => 0,
+        Ran::Skipped(_) => Default::default(),
     };
     let facts = Facts {
         attempts: claim.attempts.max(1) as u32,

@@ -8,6 +8,7 @@ use super::decision::{Action, DeadLetterReason, Outcome};
 use super::options::EngineOptions;
 use super::provider_gate::Signal;
 use super::settle::stored;
+use super::streaks::Streak;
 use crate::backoff::Backoff;
 use crate::handler::{HandlerOutcome, HandlerResult};
 use crate::store::{Answer, Finish, KeyStatus, StoredResult};
@@ -25,9 +26,14 @@ pub(super) struct Facts {
     /// provider outage not counted.
     pub active: Duration,
     /// Retries in a row that used no attempt, this one included (see
-    /// [`uses_no_attempt`]).
-    pub streak: u32,
+    /// [`uses_no_attempt`]), and how long since the first of them.
+    pub streak: Streak,
 }
+
+/// How long a provider's "still working on this key" (409) is believed:
+/// a request that runs longer is stuck, and from then on its 409s count as
+/// attempts (the key is held `unknown` when they run out).
+pub(super) const STILL_WORKING_FOR: Duration = Duration::from_secs(300);
 
 /// What one handler run leads to: what is stored for the key, and what
 /// happens to the message.
@@ -229,15 +235,13 @@ impl Standing {
         let out_of_time = facts.active >= opts.retry_for && !probe_failed;
         Self {
             attempts: facts.attempts,
-            streak: facts.streak,
+            streak: facts.streak.count,
             uncertain: facts.uncertain,
             active: facts.active,
             backoff: opts.backoff,
             out_of_time,
             last: (facts.attempts >= opts.max_attempts && !probe_failed) || out_of_time,
-            // A provider that says "still working" for as many tries as
-            // the attempts allow is stuck: from then on its 409s count.
-            still_running: is_409(out) && facts.streak <= opts.max_attempts,
+            still_running: is_409(out) && facts.streak.lasted < STILL_WORKING_FOR,
         }
     }
 

@@ -19,7 +19,7 @@ fn first() -> Facts {
         uncertain: false,
         fresh: Outcome::Processed,
         active: Duration::ZERO,
-        streak: 0,
+        streak: Streak::default(),
     }
 }
 
@@ -148,12 +148,15 @@ fn an_unknown_outcome_is_retried_and_after_the_last_attempt_held() {
 }
 
 #[test]
-fn a_409_uses_no_attempt_until_it_came_as_often_as_the_attempts_allow() {
+fn a_409_uses_no_attempt_until_the_provider_has_said_so_for_too_long() {
     assert!(uses_no_attempt(&transient(Some(409))));
     assert!(!uses_no_attempt(&transient(Some(503))));
     let still_running = Facts {
         uncertain: true,
-        streak: 3,
+        streak: Streak {
+            count: 30,
+            lasted: STILL_WORKING_FOR - Duration::from_secs(1),
+        },
         ..last()
     };
     let v = call(&still_running, transient(Some(409)));
@@ -161,7 +164,10 @@ fn a_409_uses_no_attempt_until_it_came_as_often_as_the_attempts_allow() {
     assert!(retried(&v), "the last attempt is not used up by a 409");
     assert!(matches!(v.finish, Finish::Unknown { refund: true, .. }));
     let stuck = Facts {
-        streak: 4,
+        streak: Streak {
+            count: 31,
+            lasted: STILL_WORKING_FOR,
+        },
         ..still_running
     };
     let v = call(&stuck, transient(Some(409)));
