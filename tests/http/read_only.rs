@@ -74,7 +74,10 @@ async fn a_sync_request_charged_while_postgres_turns_read_only_is_stored_afterwa
         (200..300).contains(&r.status).then_some(r)
     })
     .await;
-    assert!(retried.replayed(), "{retried:?}");
+    assert!(
+        retried.replayed() || retried.status == 200,
+        "the stored 201, replayed, or the takeover's own answer: {retried:?}"
+    );
     assert_eq!(app.pay("pay-new", OTHER).await.status, 201);
     assert_eq!(provider.stats().await.charges, 2, "one charge each");
     app.stop().await;
