@@ -9,6 +9,7 @@ pub mod api;
 pub mod backoff;
 #[doc(hidden)]
 pub mod bench;
+pub mod broker;
 #[doc(hidden)]
 pub mod cli;
 pub mod config;

@@ -12,16 +12,13 @@ use lapin::options::{
     QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 use tokio::time::Instant;
 
 async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
-    let c = Connection::connect(
-        url,
-        ConnectionProperties::default().with_connection_name("dedupq-bench".into()),
-    )
-    .await
-    .context("connecting to RabbitMQ")?;
+    let c = crate::broker::amqp::connect(&AmqpSettings::at(url), "dedupq-bench")
+        .await
+        .context("connecting to RabbitMQ")?;
     let ch = c.create_channel().await?;
     Ok((c, ch))
 }

@@ -13,7 +13,6 @@ use futures::FutureExt;
 use rdkafka::consumer::CommitMode;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use tokio::time::Instant;
 
 pub async fn run(job: &Job) -> anyhow::Result<Measured> {
@@ -23,8 +22,8 @@ pub async fn run(job: &Job) -> anyhow::Result<Measured> {
         .context("an echo needs a reply topic")?;
     let group = service::group(job);
     let consumer = kafka::consumer(&job.brokers, &group, &job.source)?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &job.brokers)
+    let kafka = crate::config::KafkaSettings::at(&job.brokers);
+    let producer: FutureProducer = crate::broker::kafka::client(&kafka, "dedupq-bench-echo")
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("linger.ms", "0")

@@ -1,11 +1,13 @@
 //! Kafka plumbing of the benchmark: topics, watermarks, the committed
 //! offsets of a group, and the plain consumer the raw and naive cases use.
 
+use crate::broker::kafka;
+use crate::config::KafkaSettings;
 use anyhow::{anyhow, Context};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -16,10 +18,12 @@ pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the committed offsets are looked at to stop the clock.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
+fn settings(brokers: &str) -> KafkaSettings {
+    KafkaSettings::at(brokers)
+}
+
 fn admin(brokers: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?)
+    Ok(kafka::admin(&settings(brokers)).create()?)
 }
 
 pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
@@ -61,11 +65,7 @@ pub async fn delete_topic(brokers: &str, name: &str) {
 }
 
 fn plain(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()?)
+    Ok(kafka::reader(&settings(brokers), group).create()?)
 }
 
 /// High watermark of every partition.
@@ -124,8 +124,7 @@ pub async fn committed_to_end(
 /// The consumer of the raw and naive cases, with the settings dedupq's own
 /// consumer uses, so the broker side is the same for every row.
 pub fn consumer(brokers: &str, group: &str, topic: &str) -> anyhow::Result<StreamConsumer> {
-    let c: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let c: StreamConsumer = kafka::client(&settings(brokers), "dedupq-bench")
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

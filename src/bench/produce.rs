@@ -4,15 +4,17 @@
 //! publisher confirms). Runs in the parent, never in a measured child.
 
 use super::stats::now_us;
+use crate::broker::amqp::{self, Outgoing, PublishError, Publisher};
+use crate::broker::kafka;
+use crate::config::{AmqpSettings, KafkaSettings};
 use anyhow::{anyhow, Context};
 use futures::stream::{FuturesUnordered, StreamExt};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Connection};
 use rand::Rng;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext};
+use rdkafka::ClientContext;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -119,8 +121,7 @@ pub struct KafkaProducer {
 
 impl KafkaProducer {
     pub fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let producer = kafka::client(&KafkaSettings::at(brokers), "dedupq-bench-producer")
             .set("acks", "all")
             .set("enable.idempotence", "true")
             // Batches fill up under load anyway; a lone message leaves at once.
@@ -207,25 +208,19 @@ fn is_queue_full(e: &rdkafka::error::KafkaError) -> bool {
 /// A confirming RabbitMQ publisher; one per run, like the Kafka one.
 pub struct AmqpPublisher {
     connection: Connection,
-    channel: lapin::Channel,
+    publisher: Publisher,
     queue: String,
 }
 
 impl AmqpPublisher {
     pub async fn new(url: &str, queue: &str) -> anyhow::Result<Self> {
-        let connection = Connection::connect(
-            url,
-            ConnectionProperties::default().with_connection_name("dedupq-bench-publisher".into()),
-        )
-        .await
-        .context("connecting to RabbitMQ")?;
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions { nowait: false })
-            .await?;
+        let connection = amqp::connect(&AmqpSettings::at(url), "dedupq-bench-publisher")
+            .await
+            .context("connecting to RabbitMQ")?;
+        let publisher = Publisher::open(&connection).await?;
         Ok(Self {
             connection,
-            channel,
+            publisher,
             queue: queue.to_string(),
         })
     }
@@ -258,19 +253,16 @@ impl AmqpPublisher {
                 ShortString::from("idempotency-key"),
                 AMQPValue::LongString(key.into()),
             );
-            let props = BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_content_type("application/json".into())
-                .with_headers(FieldTable::from(headers));
-            let options = BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
+            let out = Outgoing {
+                exchange: String::new(),
+                routing_key: self.queue.clone(),
+                payload: body.to_vec(),
+                properties: BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type("application/json".into())
+                    .with_headers(FieldTable::from(headers)),
             };
-            let confirm = self
-                .channel
-                .basic_publish("".into(), self.queue.as_str().into(), options, &body, props)
-                .await?;
-            pending.push(confirm);
+            pending.push(self.publisher.send(&out).await?.confirmed());
             while pending.len() >= CONFIRM_WINDOW {
                 confirmed(pending.next().await)?;
             }
@@ -286,10 +278,6 @@ impl AmqpPublisher {
     }
 }
 
-fn confirmed(c: Option<Result<Confirmation, lapin::Error>>) -> anyhow::Result<()> {
-    match c {
-        Some(Ok(Confirmation::Ack(None))) | None => Ok(()),
-        Some(Ok(other)) => Err(anyhow!("publish not confirmed: {other:?}")),
-        Some(Err(e)) => Err(e.into()),
-    }
+fn confirmed(c: Option<Result<(), PublishError>>) -> anyhow::Result<()> {
+    Ok(c.unwrap_or(Ok(()))?)
 }

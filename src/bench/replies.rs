@@ -8,7 +8,7 @@ use super::stats::now_us;
 use anyhow::Context;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -25,13 +25,11 @@ pub struct Listener {
 /// consumer as a requester would run it: fetches are answered as soon as a
 /// record is there.
 pub fn listen(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Listener> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("{topic}-requester"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .context("creating the reply consumer")?;
+    let kafka = crate::config::KafkaSettings::at(brokers);
+    let consumer: StreamConsumer =
+        crate::broker::kafka::reader(&kafka, &format!("{topic}-requester"))
+            .create()
+            .context("creating the reply consumer")?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;

@@ -7,7 +7,6 @@ mod keys;
 mod output;
 
 pub use args::{BrokerArgs, Cli, Command, KeysCommand, ProviderArgs, ScenarioArgs};
-pub(crate) use dlq::kafka_headers;
 pub use dlq::{run_dlq, DlqCommand};
 pub use keys::run_keys;
 pub use output::Format;

@@ -165,6 +165,14 @@ impl Default for AmqpSettings {
 }
 
 impl AmqpSettings {
+    /// The defaults, reaching `url`: a client of the lab or the tests.
+    pub fn at(url: &str) -> Self {
+        Self {
+            url: SecretUrl::new(url),
+            ..Self::default()
+        }
+    }
+
     /// The delay queue of work queue `queue`: its name followed by
     /// `amqp.delay_queue_suffix`.
     pub fn delay_queue(&self, queue: &str) -> String {

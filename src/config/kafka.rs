@@ -115,3 +115,13 @@ impl Default for KafkaSettings {
         }
     }
 }
+
+impl KafkaSettings {
+    /// The defaults, reaching `brokers`: a client of the lab or the tests.
+    pub fn at(brokers: &str) -> Self {
+        Self {
+            brokers: brokers.to_string(),
+            ..Self::default()
+        }
+    }
+}

@@ -2,10 +2,11 @@
 //! with its reason and, when dedupq parsed the message that far, its
 //! derived key (to hold against the provider's ledger).
 
-use crate::cli::kafka_headers;
+use crate::broker::amqp::raw::{FieldValue, RawAmqp};
+use crate::broker::kafka::{self, headers};
+use crate::config::{AmqpSettings, KafkaSettings};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde_json::Value;
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -52,15 +53,8 @@ pub fn of_charged(letters: &[DeadLetter], charged: impl Fn(&str) -> bool) -> Vec
 
 /// Every dead letter on a Kafka topic.
 pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("dedupq-check-{}", rand::random::<u32>()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
+    let group = format!("dedupq-check-{}", rand::random::<u32>());
+    let consumer: BaseConsumer = kafka::reader(&KafkaSettings::at(brokers), &group).create()?;
     let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions = meta
         .topics()
@@ -88,11 +82,11 @@ pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
             seen += 1;
             // Read as bytes: a dead letter keeps the producer's header
             // names, which need not be UTF-8 (rdkafka's own reader panics).
-            let headers = kafka_headers::read(&m);
+            let headers = headers::of(&m);
             let header = |name: &str| {
                 headers
                     .iter()
-                    .find(|h| h.named(name))
+                    .find(|h| h.name == name.as_bytes())
                     .and_then(|h| h.value.as_deref())
                     .map(|v| String::from_utf8_lossy(v).into_owned())
             };
@@ -107,53 +101,34 @@ pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
 }
 
 /// Every dead letter in a RabbitMQ queue (drains it): the `dedupq-reason`
-/// header, or for what the broker dead-lettered itself the first `x-death`
-/// reason. Read through the management API, not lapin: the queue holds
+/// header, or for what the broker dead-lettered itself the reason of the
+/// newest `x-death` entry. Read with the raw client: the queue holds
 /// deliveries lapin cannot parse (non-UTF-8 properties), which would break
 /// its connection.
 pub async fn amqp(url: &str, queue: &str) -> anyhow::Result<Vec<DeadLetter>> {
-    use anyhow::Context;
-    let uri: lapin::uri::AMQPUri = url.parse().map_err(|e| anyhow::anyhow!("AMQP URL: {e}"))?;
-    let api = std::env::var("RABBITMQ_MANAGEMENT_URL")
-        .unwrap_or_else(|_| format!("http://{}:15672", uri.authority.host));
-    let vhost = if uri.vhost.is_empty() {
-        "/"
-    } else {
-        uri.vhost.as_str()
-    };
-    let user = &uri.authority.userinfo;
-    let messages: Vec<Value> = reqwest::Client::new()
-        .post(format!(
-            "{api}/api/queues/{}/{}/get",
-            url::form_urlencoded::byte_serialize(vhost.as_bytes()).collect::<String>(),
-            url::form_urlencoded::byte_serialize(queue.as_bytes()).collect::<String>()
-        ))
-        .basic_auth(&user.username, Some(&user.password))
-        .json(&serde_json::json!({
-            "count": 1_000_000,
-            "ackmode": "ack_requeue_false",
-            "encoding": "base64",
-            "truncate": 64
-        }))
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await?
-        .error_for_status()
-        .context("reading the dead-letter queue through the management API")?
-        .json()
-        .await?;
-    Ok(messages
-        .iter()
-        .map(|m| {
-            let headers = &m["properties"]["headers"];
-            let text = |v: &Value| v.as_str().map(str::to_string);
-            DeadLetter::new(
-                text(&headers["dedupq-reason"]).or_else(|| text(&headers["x-death"][0]["reason"])),
-                text(&headers["dedupq-tenant"]),
-                text(&headers["dedupq-key"]),
-            )
-        })
-        .collect())
+    let mut raw = RawAmqp::connect(&AmqpSettings::at(url), "dedupq-scenario-check").await?;
+    let mut letters = Vec::new();
+    while let Some(d) = raw.get(queue).await? {
+        let text = |v: &FieldValue| match v {
+            FieldValue::LongStr(s) => Some(String::from_utf8_lossy(s).into_owned()),
+            _ => None,
+        };
+        let header = |name: &str| d.properties.header(name.as_bytes()).and_then(text);
+        let death = match d.properties.header(b"x-death") {
+            Some(FieldValue::Array(deaths)) => deaths.first().and_then(|e| match e {
+                FieldValue::Table(t) => t.iter().find(|(k, _)| k == b"reason"),
+                _ => None,
+            }),
+            _ => None,
+        };
+        letters.push(DeadLetter::new(
+            header("dedupq-reason").or_else(|| death.and_then(|(_, v)| text(v))),
+            header("dedupq-tenant"),
+            header("dedupq-key"),
+        ));
+    }
+    raw.close().await?;
+    Ok(letters)
 }
 
 #[cfg(test)]

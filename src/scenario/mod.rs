@@ -10,7 +10,6 @@ mod fleet;
 mod pg_faults;
 mod profile;
 mod publish;
-mod raw_amqp;
 mod report;
 mod run;
 mod verify;

@@ -2,15 +2,16 @@
 //! message's partition and offset), RabbitMQ with publisher confirms and a
 //! reconnect, as a careful producer would.
 
-use super::raw_amqp::{self, RawMessage};
 use super::workload::{Hostile, Planned, ReplyTo, Route};
+use crate::broker::amqp::raw::{self, FieldValue, RawProperties};
+use crate::broker::amqp::{self, Outgoing, Publisher};
+use crate::broker::kafka::{self, headers};
+use crate::config::{AmqpSettings, KafkaSettings};
 use crate::message::Header;
 use anyhow::{anyhow, Context};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Connection};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -28,8 +29,7 @@ pub struct KafkaPublisher {
 
 impl KafkaPublisher {
     pub fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let producer = kafka::client(&KafkaSettings::at(brokers), "dedupq-scenario")
             // Every copy must land: wait for the broker, and keep retrying
             // through a broker restart.
             .set("acks", "all")
@@ -60,10 +60,9 @@ impl KafkaPublisher {
             }
             _ => {}
         }
-        let headers = crate::transport::kafka::raw_headers(&headers);
         let mut record = FutureRecord::<str, [u8]>::to(&self.topic)
             .payload(&msg.body)
-            .headers(headers);
+            .headers(headers::owned(&headers));
         if let (Route::Kafka, Some(k)) = (msg.route, &msg.key) {
             record = record.key(k.as_str());
         }
@@ -83,13 +82,13 @@ impl KafkaPublisher {
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct AmqpPublisher {
-    url: String,
+    settings: AmqpSettings,
     queue: String,
     /// `reply_to` for `ReplyTo::Full` (a queue that refuses every publish)
     /// and `ReplyTo::Missing`.
     pub reply_full: String,
     pub reply_missing: String,
-    channel: Option<(Connection, Channel)>,
+    open: Option<(Connection, Publisher)>,
     /// Publishes repeated after a lost connection (the broker may have the
     /// first copy too: a producer duplicate, which dedupq must absorb).
     pub republished: usize,
@@ -98,33 +97,28 @@ pub struct AmqpPublisher {
 impl AmqpPublisher {
     pub fn new(url: &str, queue: &str) -> Self {
         Self {
-            url: url.to_string(),
+            settings: AmqpSettings::at(url),
             queue: queue.to_string(),
             reply_full: format!("{queue}.full-replies"),
             reply_missing: format!("{queue}.missing-replies"),
-            channel: None,
+            open: None,
             republished: 0,
         }
     }
 
-    async fn channel(&mut self) -> anyhow::Result<&Channel> {
+    async fn publisher(&mut self) -> anyhow::Result<&Publisher> {
         if self
-            .channel
+            .open
             .as_ref()
-            .is_none_or(|(c, ch)| !c.status().connected() || !ch.status().connected())
+            .is_none_or(|(c, p)| !c.status().connected() || !p.is_open())
         {
-            let props = ConnectionProperties::default()
-                .with_connection_name("dedupq-scenario-publisher".into());
-            let connection = Connection::connect(&self.url, props)
+            let connection = amqp::connect(&self.settings, "dedupq-scenario-publisher")
                 .await
                 .context("connecting to RabbitMQ")?;
-            let channel = connection.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions { nowait: false })
-                .await?;
-            self.channel = Some((connection, channel));
+            let publisher = Publisher::open(&connection).await?;
+            self.open = Some((connection, publisher));
         }
-        Ok(&self.channel.as_ref().expect("set above").1)
+        Ok(&self.open.as_ref().expect("set above").1)
     }
 
     /// Declares the queue that refuses every reply (no room, overflow
@@ -137,8 +131,9 @@ impl AmqpPublisher {
             AMQPValue::LongString("reject-publish".into()),
         );
         let name = ShortString::from(self.reply_full.clone());
-        let channel = self.channel().await?;
-        channel
+        let publisher = self.publisher().await?;
+        publisher
+            .channel()
             .queue_declare(name, lapin::options::QueueDeclareOptions::default(), args)
             .await
             .context("declaring the queue that refuses replies")?;
@@ -163,7 +158,7 @@ impl AmqpPublisher {
                 Ok(()) => return Ok(()),
                 Err(e) if attempts < 60 => {
                     tracing::debug!(error = %crate::telemetry::chain(e.as_ref()), "publish to RabbitMQ failed; reconnecting");
-                    self.channel = None;
+                    self.open = None;
                     self.republished += 1;
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
@@ -174,23 +169,31 @@ impl AmqpPublisher {
 
     /// A delivery lapin cannot parse, published byte by byte.
     async fn publish_unreadable(&self, msg: &Planned) -> anyhow::Result<()> {
+        let text = |v: &[u8]| FieldValue::LongStr(v.to_vec());
         let tenant = msg.tenant.as_deref().unwrap_or_default().as_bytes();
         let key = msg.key.as_deref().unwrap_or_default().as_bytes();
-        let mut raw = RawMessage {
-            headers: vec![(b"client-id", tenant), (b"idempotency-key", key)],
-            message_id: None,
-            body: &msg.body,
-        };
+        let mut headers = vec![
+            (b"client-id".to_vec(), text(tenant)),
+            (b"idempotency-key".to_vec(), text(key)),
+        ];
+        let mut message_id = None;
         if msg.hostile == Some(Hostile::AmqpBadMessageId) {
-            raw.message_id = Some(b"\xff\xfe-unreadable");
+            message_id = Some(b"\xff\xfe-unreadable".to_vec());
         } else {
-            raw.headers.push((b"x-\xff\xfe", b"1"));
+            headers.push((b"x-\xff\xfe".to_vec(), text(b"1")));
         }
-        raw_amqp::publish(&self.url, &self.queue, &raw).await
+        let properties = RawProperties {
+            headers: Some(headers),
+            delivery_mode: Some(2),
+            message_id,
+            ..RawProperties::default()
+        };
+        raw::publish_raw(&self.settings, &self.queue, &properties, &msg.body)
+            .await
+            .context("publishing an unreadable message byte by byte")
     }
 
     async fn try_publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
-        let queue = ShortString::from(self.queue.clone());
         let mut headers = BTreeMap::new();
         if let Some(t) = &msg.tenant {
             headers.insert(
@@ -235,24 +238,12 @@ impl AmqpPublisher {
             }
             None => {}
         }
-        let props = props.with_headers(FieldTable::from(headers));
-        let channel = self.channel().await?;
-        let confirm = channel
-            .basic_publish(
-                "".into(),
-                queue,
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &msg.body,
-                props,
-            )
-            .await?
-            .await?;
-        match confirm {
-            Confirmation::Ack(None) => Ok(()),
-            other => Err(anyhow!("publish not confirmed: {other:?}")),
-        }
+        let out = Outgoing {
+            exchange: String::new(),
+            routing_key: self.queue.clone(),
+            payload: msg.body.clone(),
+            properties: props.with_headers(FieldTable::from(headers)),
+        };
+        Ok(self.publisher().await?.publish(&out).await?)
     }
 }

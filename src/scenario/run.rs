@@ -15,7 +15,6 @@ use anyhow::Context;
 use rand::Rng;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -141,9 +140,8 @@ filter = "info"
 }
 
 async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> =
+        crate::broker::kafka::admin(&crate::config::KafkaSettings::at(brokers)).create()?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for result in admin.create_topics(&[new], &AdminOptions::new()).await? {
         result.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;

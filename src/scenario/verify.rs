@@ -6,7 +6,7 @@ use anyhow::Context;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashMap};
@@ -343,10 +343,7 @@ pub fn calls_after_freeze(
 }
 
 fn kafka_consumer(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
+    crate::broker::kafka::reader(&crate::config::KafkaSettings::at(brokers), group)
         .create()
         .context("creating a Kafka consumer for checks")
 }
@@ -410,7 +407,8 @@ pub fn commits_ahead(
 
 /// Ready messages in each RabbitMQ queue (0 for a queue that is absent).
 pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32>> {
-    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+    let settings = crate::config::AmqpSettings::at(url);
+    let conn = crate::broker::amqp::connect(&settings, "dedupq-scenario-check").await?;
     let mut out = Vec::new();
     for q in queues {
         let channel = conn.create_channel().await?;

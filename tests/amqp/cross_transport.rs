@@ -1,13 +1,14 @@
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::{crash::wait_ready, support};
+use dedupq::broker::kafka;
+use dedupq::config::KafkaSettings;
 use dedupq::provider::Knobs;
 use dedupq::transport::amqp::QueueType;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 990, "currency": "EUR", "recipient": "acct-7"}"#;
@@ -17,8 +18,7 @@ fn brokers() -> String {
 }
 
 async fn create_topic(topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    let admin: AdminClient<DefaultClientContext> = kafka::admin(&KafkaSettings::at(&brokers()))
         .create()
         .expect("Kafka admin client");
     let results = admin
@@ -34,8 +34,7 @@ async fn create_topic(topic: &str) {
 }
 
 async fn produce(topic: &str, tenant: &str, key: &str, body: &str) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    let producer: FutureProducer = kafka::client(&KafkaSettings::at(&brokers()), "dedupq-test")
         .set("acks", "all")
         .create()
         .expect("Kafka producer");

@@ -8,7 +8,7 @@
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::raw_amqp::{
-    death_reason, publish_raw, take_all, FieldValue, RawAmqp, RawDelivery, RawProperties,
+    self, death_reason, publish_raw, take_all, FieldValue, RawDelivery, RawProperties,
 };
 use crate::support::{eventually, isolated_store};
 use dedupq::provider::Knobs;
@@ -269,7 +269,7 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
     let removed = eventually(Duration::from_secs(30), "the poison taken away", || {
         let queue = queue.clone();
         async move {
-            let mut raw = RawAmqp::connect(&amqp::amqp_url()).await.ok()?;
+            let mut raw = raw_amqp::connect(&amqp::amqp_url()).await.ok()?;
             let got = raw.get(&queue).await.ok().flatten();
             let _ = raw.close().await;
             got

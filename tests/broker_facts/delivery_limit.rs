@@ -23,7 +23,7 @@
 
 use crate::raw_amqp_publish::hostile_properties;
 use crate::support::amqp::{amqp_url, Client, Msg};
-use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawProperties};
+use crate::support::raw_amqp::{self, publish_raw, FieldValue, RawProperties};
 use crate::topology::{
     consume_session, death_reason, is_parsing_error, open_consumer, quorum_queue, take_all,
     Consuming, Limited,
@@ -109,7 +109,7 @@ async fn without_a_delivery_limit_the_poison_fails_every_session_and_nothing_is_
 /// delivery's life in the way named by `cause`.
 async fn deliver_and_return(queue: &str, cause: &str) {
     if cause == "socket dropped" {
-        let mut raw = RawAmqp::connect(&amqp_url()).await.expect("raw connect");
+        let mut raw = raw_amqp::connect(&amqp_url()).await.expect("raw connect");
         raw.get_unacked(queue)
             .await
             .expect("get")

@@ -19,7 +19,7 @@
 
 use crate::raw_amqp_publish::hostile_properties;
 use crate::support::amqp::{amqp_url, Client};
-use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawProperties};
+use crate::support::raw_amqp::{self, publish_raw, FieldValue, RawProperties};
 use crate::topology::{is_parsing_error, open_consumer, quorum_queue, Consuming};
 use futures::StreamExt;
 use lapin::types::FieldTable;
@@ -124,7 +124,7 @@ async fn a_lapin_consumer_sent_non_utf8_properties_gets_a_parsing_error_and_lose
         );
         assert!(seen.new_channel_refused, "{case}: {seen:?}");
         assert!(seen.close_refused_quickly, "{case}: {seen:?}");
-        let mut raw = RawAmqp::connect(&amqp_url()).await.expect("raw connect");
+        let mut raw = raw_amqp::connect(&amqp_url()).await.expect("raw connect");
         let back = raw
             .get(&queue)
             .await

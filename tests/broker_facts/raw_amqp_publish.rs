@@ -1,6 +1,6 @@
 use crate::support::amqp::{amqp_url, Client, Msg};
 use crate::support::rabbit_management::peek;
-use crate::support::raw_amqp::{publish_raw, FieldValue, RawAmqp, RawAmqpError, RawProperties};
+use crate::support::raw_amqp::{self, publish_raw, FieldValue, RawAmqpError, RawProperties};
 use crate::support::unique;
 use crate::topology::quorum_queue;
 use lapin::types::FieldTable;
@@ -66,7 +66,7 @@ async fn rabbitmq_stores_a_raw_publish_with_non_utf8_properties_and_header_names
     let headers = &shown["properties"]["headers"];
     assert_eq!(headers["\u{FFFD}\u{FFFD}idempotency-key"], "k-1");
     assert_eq!(headers["client-id"], "Not UTF-8, base64 is: YWNtZf8=");
-    let mut raw = RawAmqp::connect(&amqp_url()).await.expect("connect");
+    let mut raw = raw_amqp::connect(&amqp_url()).await.expect("connect");
     let got = raw
         .get(&queue)
         .await
@@ -106,7 +106,7 @@ async fn a_lossy_utf8_copy_sent_through_lapin_is_told_apart_from_the_raw_bytes()
         peek(&queue, 1).await[0]["properties"]["message_id"],
         "\u{FFFD}\u{FFFD}id"
     );
-    let mut raw = RawAmqp::connect(&amqp_url()).await.expect("connect");
+    let mut raw = raw_amqp::connect(&amqp_url()).await.expect("connect");
     let got = raw
         .get(&queue)
         .await

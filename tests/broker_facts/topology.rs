@@ -5,6 +5,7 @@ use crate::support::amqp::{amqp_url, Client};
 use crate::support::raw_amqp::RawDelivery;
 pub use crate::support::raw_amqp::{death_reason, take_all};
 use crate::support::unique;
+use dedupq::config::AmqpSettings;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use lapin::message::Delivery;
@@ -13,7 +14,7 @@ use lapin::options::{
     QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, ConnectionProperties, Consumer, Event, ExchangeKind};
+use lapin::{Channel, Connection, Consumer, Event, ExchangeKind};
 use std::time::Duration;
 
 fn text(s: &str) -> AMQPValue {
@@ -120,7 +121,7 @@ pub struct Consuming {
 /// Connects and consumes `queue` with manual acks and `prefetch`, as
 /// dedupq does.
 pub async fn open_consumer(queue: &str, prefetch: u16) -> Consuming {
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+    let connection = dedupq::broker::amqp::connect(&AmqpSettings::at(&amqp_url()), "dedupq-facts")
         .await
         .expect("lapin connect");
     let events = connection.events_listener().boxed();

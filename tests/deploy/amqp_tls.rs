@@ -1,8 +1,8 @@
 //! RabbitMQ over TLS: `amqps://` on 5671, the broker's certificate checked
 //! against `amqp.tls_ca_file`.
 
-use crate::endpoints::endpoints;
 use crate::support::amqp::{self, Client, Msg};
+use crate::support::endpoints::endpoints;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self};
 use dedupq::config::SecretUrl;

@@ -2,7 +2,7 @@
 //! managed Kafka: the real `dedupq run` consumes, dead-letters and replies
 //! through the broker's second listener; compressed topics are read.
 
-use crate::endpoints::{endpoints, Endpoints};
+use crate::support::endpoints::{endpoints, Endpoints};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self, kafka, unique};
 use dedupq::provider::Knobs;

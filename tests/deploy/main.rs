@@ -8,7 +8,6 @@
 mod support;
 
 mod amqp_tls;
-mod endpoints;
 mod kafka_sasl;
 mod manifests;
 mod pg_tls;

@@ -1,7 +1,7 @@
 //! PostgreSQL over TLS with `sslmode=verify-full`: the server certificate
 //! must chain to `sslrootcert` and name the host.
 
-use crate::endpoints::endpoints;
+use crate::support::endpoints::endpoints;
 use crate::support::unique;
 use dedupq::config::{SecretUrl, StoreSettings};
 use dedupq::store::{Store, StoreError};

@@ -1,7 +1,7 @@
 //! The README's Production examples are the settings these tests run with:
 //! they parse, and they name the local TLS endpoints and files.
 
-use crate::endpoints::endpoints;
+use crate::support::endpoints::endpoints;
 use crate::support::fenced_blocks;
 use dedupq::config::Settings;
 

@@ -3,10 +3,11 @@
 
 use crate::harness::{App, ACME_KEY};
 use crate::support::amqp::{self, Client};
+use crate::support::endpoints::endpoints;
 use crate::support::kafka;
 use crate::support::process::Provider;
 use crate::support::{eventually, unique};
-use dedupq::config::{QueueType, RouteSettings};
+use dedupq::config::{AmqpSettings, QueueType, RouteSettings, SecretUrl};
 use dedupq::provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
@@ -126,5 +127,40 @@ async fn an_async_command_through_rabbitmq_is_charged_once_and_an_unroutable_one
     );
     assert!(refused.retry_after() >= 1);
     assert_eq!(app.status("acme", "pay-r2").await, None, "nothing claimed");
+    Client::connect().await.cleanup(&rabbit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_async_command_is_published_to_rabbitmq_over_amqps_trusting_the_private_ca() {
+    let ep = endpoints();
+    let provider = Provider::start(Knobs {
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let rabbit = AmqpSettings {
+        url: SecretUrl::new(ep.get("AMQPS_URL")),
+        tls_ca_file: Some(ep.ca().into()),
+        ..amqp::settings(QueueType::Quorum)
+    };
+    let queue = rabbit.queues[0].clone();
+    let app = App::with(&provider, |s, _| {
+        s.amqp = rabbit.clone();
+        s.api.routes.push(route(&format!(
+            "name = \"later\"\nmode = \"async\"\npublish = {{ to = \"amqp\", routing_key = \"{queue}\" }}"
+        )));
+    })
+    .await;
+    app.wait_ready().await;
+
+    let accepted = app
+        .post("later", Some(ACME_KEY), Some("pay-tls1"), BODY)
+        .await;
+    assert_eq!(accepted.status, 202, "{accepted:?}");
+    eventually(Duration::from_secs(30), "the outcome is stored", || async {
+        (app.status("acme", "pay-tls1").await.as_deref() == Some("done")).then_some(())
+    })
+    .await;
+    assert_eq!(provider.charges_for("acme:pay-tls1").await.len(), 1);
     Client::connect().await.cleanup(&rabbit).await;
 }

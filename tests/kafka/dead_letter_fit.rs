@@ -18,7 +18,6 @@ use dedupq::transport::kafka::KafkaSettings;
 use rdkafka::admin::TopicReplication;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,8 +130,7 @@ async fn a_body_near_the_brokers_limit_is_dead_lettered_without_its_payload_and_
 }
 
 fn admin() -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", kafka::brokers())
+    dedupq::broker::kafka::admin(&KafkaSettings::at(&kafka::brokers()))
         .create()
         .expect("admin client")
 }

@@ -3,16 +3,20 @@
 //! dead-letter queues, and count what is left; the transport run in-process.
 
 use super::unique;
+use dedupq::broker::{
+    self,
+    amqp::{Outgoing, PublishError, Publisher},
+};
 use dedupq::config::SecretUrl;
 use dedupq::engine::Engine;
 use dedupq::health::Health;
 use dedupq::transport::amqp::{self, AmqpError, AmqpSettings, QueueType};
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -171,25 +175,22 @@ impl Got {
 /// A test's own client connection (publisher confirms on).
 pub struct Client {
     pub connection: Connection,
+    publisher: Publisher,
     channel: Channel,
 }
 
 impl Client {
     pub async fn connect() -> Self {
-        let connection = Connection::connect(
-            &amqp_url(),
-            ConnectionProperties::default().with_connection_name("dedupq-test-client".into()),
-        )
-        .await
-        .expect("connect to RabbitMQ");
-        let channel = connection.create_channel().await.expect("open a channel");
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .expect("confirm mode");
+        let connection =
+            broker::amqp::connect(&AmqpSettings::at(&amqp_url()), "dedupq-test-client")
+                .await
+                .expect("connect to RabbitMQ");
+        let publisher = Publisher::open(&connection).await.expect("confirm mode");
+        let channel = publisher.channel().clone();
         ensure_expiry_policy().await;
         Self {
             connection,
+            publisher,
             channel,
         }
     }
@@ -212,25 +213,17 @@ impl Client {
     /// waits for the broker's confirm; like a careful producer, it sends
     /// again what the broker did not confirm (a loaded broker may nack).
     pub async fn publish(&self, queue: &str, msg: &Msg) {
+        let out = Outgoing {
+            exchange: String::new(),
+            routing_key: queue.to_string(),
+            payload: msg.body.clone(),
+            properties: msg.properties(),
+        };
         for attempt in 1..=5 {
-            let confirm = self
-                .channel
-                .basic_publish(
-                    "".into(),
-                    queue.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &msg.body,
-                    msg.properties(),
-                )
-                .await
-                .expect("publish")
-                .await
-                .expect("publisher confirm");
-            if confirm.is_ack() && confirm.take_message().is_none() {
-                return;
+            match self.publisher.publish(&out).await {
+                Ok(()) => return,
+                Err(e @ PublishError::Channel { .. }) => panic!("publish into {queue}: {e}"),
+                Err(PublishError::Unconfirmed { .. }) => {}
             }
             assert!(attempt < 5, "published into {queue}: not confirmed 5 times");
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -2,8 +2,10 @@
 //! file of its own.
 
 use super::unique;
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// What one command did.
 pub struct Ran {
@@ -37,14 +39,61 @@ pub fn config_file(config: &toml::Table) -> PathBuf {
     path
 }
 
+/// Longest any command may take before the test calls it hung: past every
+/// timeout of the commands themselves.
+const HUNG_AFTER: Duration = Duration::from_secs(120);
+
 /// `dedupq --config <config> <args…>` with `env` set.
 pub fn run(config: &PathBuf, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    run_within(config, args, env, HUNG_AFTER)
+}
+
+/// `run`, killing the command once it has run for `limit`: a hung command
+/// fails its test (exit code -1, "killed" in stderr) instead of hanging it.
+pub fn run_within(config: &PathBuf, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Ran {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
     command.arg("--config").arg(config).args(args);
     for (k, v) in env {
         command.env(k, v);
     }
-    ran(command.output().expect("run dedupq"))
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dedupq");
+    // Read both pipes while waiting, so a full pipe never blocks the child.
+    let stdout = drain(child.stdout.take().expect("piped stdout"));
+    let stderr = drain(child.stderr.take().expect("piped stderr"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for dedupq") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = stdout.join().expect("stdout reader");
+    let mut stderr = stderr.join().expect("stderr reader");
+    if status.is_none() {
+        stderr.push_str(&format!("\n[killed: still running after {limit:?}]"));
+    }
+    Ran {
+        code: status.and_then(|s| s.code()).unwrap_or(-1),
+        stdout,
+        stderr,
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
 }
 
 /// `dedupq --config <config> <args…>` on a host whose clock is `offset`

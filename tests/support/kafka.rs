@@ -3,6 +3,7 @@
 //! a group, and running the consumer in-process.
 
 use super::{eventually, unique};
+use dedupq::broker;
 use dedupq::engine::Engine;
 use dedupq::health::Health;
 use dedupq::transport::kafka::{self, KafkaError, KafkaSettings};
@@ -11,7 +12,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -29,8 +30,7 @@ pub async fn create_topic(name: &str, partitions: i32) {
 
 /// `create_topic` with topic configs of its own (e.g. `cleanup.policy`).
 pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    let admin: AdminClient<DefaultClientContext> = broker::kafka::admin(&plain())
         .create()
         .expect("admin client");
     let topic = configs.iter().fold(
@@ -74,19 +74,19 @@ pub async fn topics(prefix: &str, partitions: i32) -> (String, String) {
     (topic, dlq)
 }
 
+/// Settings reaching the plaintext listener.
+fn plain() -> KafkaSettings {
+    KafkaSettings::at(&brokers())
+}
+
 fn plain_consumer() -> BaseConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
+    broker::kafka::reader(&plain(), &unique("reader"))
         .create()
         .expect("reader consumer")
 }
 
 pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+    broker::kafka::client(&plain(), "dedupq-test")
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("linger.ms", "2")
@@ -204,10 +204,7 @@ pub async fn end_offsets(topic: &str, partitions: i32) -> Vec<i64> {
 pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let (group, topic) = (group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers())
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
+        let c: BaseConsumer = broker::kafka::reader(&plain(), &group)
             .create()
             .expect("offsets consumer");
         let mut tpl = TopicPartitionList::new();

@@ -4,6 +4,7 @@
 
 pub mod amqp;
 pub mod cli;
+pub mod endpoints;
 pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;

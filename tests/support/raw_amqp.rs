@@ -1,79 +1,18 @@
-//! A minimal AMQP 0-9-1 client over a plain TCP socket, for messages no
-//! client library will send: header-table keys, header strings and
-//! short-string properties (`message_id`, `reply_to`, `correlation_id`,
-//! `content_type`, `type`, …) that are arbitrary bytes. lapin (through
-//! amq-protocol) refuses to build them and fails its whole connection when
-//! it receives one; RabbitMQ stores and delivers them as they are.
-//!
-//! It speaks just enough: PLAIN login, one channel in confirm mode,
-//! `basic.publish` (mandatory, waiting for the broker's ack) and
-//! `basic.get` that returns every property as bytes.
-
-mod codec;
-mod get;
-mod properties;
+//! The raw AMQP 0-9-1 client of `dedupq::broker::amqp::raw` for the tests:
+//! messages no client library will send (header-table keys, header strings
+//! and short-string properties that are arbitrary bytes), and queues read
+//! back with every property as bytes.
 
 // Not every test binary that includes the support module uses them all.
 #[allow(unused_imports)]
-pub use codec::{FieldValue, Table};
-#[allow(unused_imports)]
-pub use get::RawDelivery;
-#[allow(unused_imports)]
-pub use properties::RawProperties;
+pub use dedupq::broker::amqp::raw::{
+    FieldValue, RawAmqp, RawAmqpError, RawDelivery, RawProperties, Table,
+};
+use dedupq::config::AmqpSettings;
 
-use codec::{frame, method, Reader, Writer, FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT};
-use codec::{FRAME_END, FRAME_METHOD};
-use lapin::uri::AMQPUri;
-use std::future::Future;
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-const CHANNEL: u16 = 1;
-/// Every exchange with the broker is bounded by this.
-const ANSWER_WITHIN: Duration = Duration::from_secs(30);
-/// Room for a frame's type, channel, size and end octet.
-const FRAME_OVERHEAD: usize = 8;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RawAmqpError {
-    #[error("socket error")]
-    Io(#[from] std::io::Error),
-    #[error("not an AMQP URL: {0}")]
-    Url(String),
-    #[error("AMQP protocol: {0}")]
-    Protocol(String),
-    #[error("a short string of {0} bytes (at most 255)")]
-    TooLong(usize),
-    #[error("the broker closed the {scope}: {code} {text}")]
-    Closed {
-        scope: &'static str,
-        code: u16,
-        text: String,
-    },
-    #[error("the broker refused the publish (basic.nack)")]
-    Nacked,
-    #[error("no queue took the message (basic.return {code} {text})")]
-    Unroutable { code: u16, text: String },
-    #[error("the content header ({0} bytes) does not fit in a frame of {1} bytes")]
-    HeaderTooLarge(usize, u32),
-    #[error("no answer from the broker within {0:?}")]
-    Timeout(Duration),
-}
-
-/// One connection with one channel in confirm mode.
-pub struct RawAmqp {
-    stream: TcpStream,
-    frame_max: u32,
-    published: u64,
-}
-
-async fn bounded<T>(
-    work: impl Future<Output = Result<T, RawAmqpError>>,
-) -> Result<T, RawAmqpError> {
-    tokio::time::timeout(ANSWER_WITHIN, work)
-        .await
-        .unwrap_or(Err(RawAmqpError::Timeout(ANSWER_WITHIN)))
+/// Connects to `url` (one channel in confirm mode).
+pub async fn connect(url: &str) -> Result<RawAmqp, RawAmqpError> {
+    RawAmqp::connect(&AmqpSettings::at(url), "dedupq-test-raw").await
 }
 
 /// Connects to `url`, publishes one message to the default exchange with
@@ -84,224 +23,12 @@ pub async fn publish_raw(
     properties: &RawProperties,
     body: &[u8],
 ) -> Result<(), RawAmqpError> {
-    let mut client = RawAmqp::connect(url).await?;
-    client.publish("", queue, properties, body).await?;
-    client.close().await
-}
-
-impl RawAmqp {
-    pub async fn connect(url: &str) -> Result<Self, RawAmqpError> {
-        let uri: AMQPUri = url.parse().map_err(RawAmqpError::Url)?;
-        bounded(async {
-            let stream =
-                TcpStream::connect((uri.authority.host.as_str(), uri.authority.port)).await?;
-            stream.set_nodelay(true)?;
-            let mut me = Self {
-                stream,
-                frame_max: 4096,
-                published: 0,
-            };
-            me.handshake(&uri).await?;
-            Ok(me)
-        })
-        .await
-    }
-
-    async fn handshake(&mut self, uri: &AMQPUri) -> Result<(), RawAmqpError> {
-        self.stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
-        let start = self.expect(0, (10, 10)).await?;
-        let mut r = Reader(&start);
-        r.take(2)?;
-        r.table()?;
-        if !r.long_str()?.split(|b| *b == b' ').any(|m| m == b"PLAIN") {
-            return Err(RawAmqpError::Protocol(
-                "the broker does not offer PLAIN".into(),
-            ));
-        }
-        let user = &uri.authority.userinfo;
-        let login = [
-            b"\0",
-            user.username.as_bytes(),
-            b"\0",
-            user.password.as_bytes(),
-        ]
-        .concat();
-        let product = (
-            b"product".to_vec(),
-            FieldValue::LongStr(b"dedupq raw test client".to_vec()),
-        );
-        let mut start_ok = method(10, 11);
-        start_ok.table(&vec![product])?.short_str(b"PLAIN")?;
-        start_ok.long_str(&login).short_str(b"en_US")?;
-        self.send(0, start_ok).await?;
-
-        let tune = self.expect(0, (10, 30)).await?;
-        let mut r = Reader(&tune);
-        r.u16()?;
-        let frame_max = r.u32()?;
-        self.frame_max = if frame_max == 0 { 131_072 } else { frame_max };
-        let mut tune_ok = method(10, 31);
-        // One channel; no heartbeats: every call is short and bounded.
-        tune_ok.u16(1).u32(self.frame_max).u16(0);
-        self.send(0, tune_ok).await?;
-        let mut open = method(10, 40);
-        open.short_str(uri.vhost.as_bytes())?.short_str(b"")?.u8(0);
-        self.send(0, open).await?;
-        self.expect(0, (10, 41)).await?;
-
-        let mut channel_open = method(20, 10);
-        channel_open.short_str(b"")?;
-        self.send(CHANNEL, channel_open).await?;
-        self.expect(CHANNEL, (20, 11)).await?;
-        let mut confirm = method(85, 10);
-        confirm.u8(0);
-        self.send(CHANNEL, confirm).await?;
-        self.expect(CHANNEL, (85, 11)).await?;
-        Ok(())
-    }
-
-    /// Publishes with `mandatory` set and waits for the broker's ack: an
-    /// unroutable message is an error, not a silent drop.
-    pub async fn publish(
-        &mut self,
-        exchange: &str,
-        routing_key: &str,
-        properties: &RawProperties,
-        body: &[u8],
-    ) -> Result<(), RawAmqpError> {
-        let mut publish = method(60, 40);
-        publish
-            .u16(0)
-            .short_str(exchange.as_bytes())?
-            .short_str(routing_key.as_bytes())?
-            .u8(1);
-        let mut header = Writer::default();
-        header.u16(60).u16(0).u64(body.len() as u64);
-        properties.encode(&mut header)?;
-        let max = self.frame_max as usize - FRAME_OVERHEAD;
-        if header.0.len() > max {
-            return Err(RawAmqpError::HeaderTooLarge(header.0.len(), self.frame_max));
-        }
-        let mut out = frame(FRAME_METHOD, CHANNEL, &publish.0);
-        out.extend(frame(FRAME_HEADER, CHANNEL, &header.0));
-        for chunk in body.chunks(max) {
-            out.extend(frame(FRAME_BODY, CHANNEL, chunk));
-        }
-        bounded(async {
-            self.stream.write_all(&out).await?;
-            self.published += 1;
-            self.await_confirm().await
-        })
-        .await
-    }
-
-    async fn await_confirm(&mut self) -> Result<(), RawAmqpError> {
-        let mut returned = None;
-        loop {
-            let (_, ids, args) = self.next_method().await?;
-            let mut r = Reader(&args);
-            match ids {
-                (60, 50) => {
-                    let code = r.u16()?;
-                    let text = String::from_utf8_lossy(&r.short_str()?).into_owned();
-                    self.read_content().await?;
-                    returned = Some(RawAmqpError::Unroutable { code, text });
-                }
-                (60, 80) | (60, 120) => {
-                    let tag = r.u64()?;
-                    let multiple = r.u8()? & 1 == 1;
-                    if tag == self.published || (multiple && tag >= self.published) {
-                        return match (ids.1, returned) {
-                            (120, _) => Err(RawAmqpError::Nacked),
-                            (_, Some(e)) => Err(e),
-                            _ => Ok(()),
-                        };
-                    }
-                }
-                other => {
-                    return Err(RawAmqpError::Protocol(format!(
-                        "unexpected method {other:?} while waiting for a confirm"
-                    )))
-                }
-            }
-        }
-    }
-
-    /// Closes the connection and waits for the broker's close-ok.
-    pub async fn close(mut self) -> Result<(), RawAmqpError> {
-        let mut close = method(10, 50);
-        close.u16(200).short_str(b"done")?.u16(0).u16(0);
-        bounded(async {
-            self.send(0, close).await?;
-            self.expect(0, (10, 51)).await.map(drop)
-        })
-        .await
-    }
-
-    async fn send(&mut self, channel: u16, payload: Writer) -> Result<(), RawAmqpError> {
-        self.stream
-            .write_all(&frame(FRAME_METHOD, channel, &payload.0))
-            .await?;
-        Ok(())
-    }
-
-    async fn read_frame(&mut self) -> Result<(u8, u16, Vec<u8>), RawAmqpError> {
-        let mut head = [0u8; 7];
-        self.stream.read_exact(&mut head).await?;
-        let mut r = Reader(&head);
-        let (kind, channel, size) = (r.u8()?, r.u16()?, r.u32()?);
-        let mut payload = vec![0u8; size as usize + 1];
-        self.stream.read_exact(&mut payload).await?;
-        if payload.pop() != Some(FRAME_END) {
-            return Err(RawAmqpError::Protocol(
-                "a frame without its end octet".into(),
-            ));
-        }
-        Ok((kind, channel, payload))
-    }
-
-    /// The next method frame, skipping heartbeats; a close from the broker
-    /// is answered and returned as an error.
-    async fn next_method(&mut self) -> Result<(u16, (u16, u16), Vec<u8>), RawAmqpError> {
-        loop {
-            let (kind, channel, payload) = self.read_frame().await?;
-            match kind {
-                FRAME_HEARTBEAT => continue,
-                FRAME_METHOD => {}
-                other => {
-                    return Err(RawAmqpError::Protocol(format!(
-                        "unexpected frame type {other}"
-                    )))
-                }
-            }
-            let mut r = Reader(&payload);
-            let ids = (r.u16()?, r.u16()?);
-            let scope = match ids {
-                (10, 50) => "connection",
-                (20, 40) => "channel",
-                _ => return Ok((channel, ids, r.0.to_vec())),
-            };
-            let code = r.u16()?;
-            let text = String::from_utf8_lossy(&r.short_str()?).into_owned();
-            self.send(channel, method(ids.0, ids.1 + 1)).await?;
-            return Err(RawAmqpError::Closed { scope, code, text });
-        }
-    }
-
-    async fn expect(&mut self, channel: u16, want: (u16, u16)) -> Result<Vec<u8>, RawAmqpError> {
-        let (ch, ids, args) = self.next_method().await?;
-        if (ch, ids) != (channel, want) {
-            return Err(RawAmqpError::Protocol(format!(
-                "expected method {want:?} on channel {channel}, got {ids:?} on channel {ch}"
-            )));
-        }
-        Ok(args)
-    }
+    dedupq::broker::amqp::raw::publish_raw(&AmqpSettings::at(url), queue, properties, body).await
 }
 
 /// Takes (acks) every message now in `queue`, every property as bytes.
 pub async fn take_all(queue: &str) -> Vec<RawDelivery> {
-    let mut raw = RawAmqp::connect(&super::amqp::amqp_url())
+    let mut raw = connect(&super::amqp::amqp_url())
         .await
         .expect("raw connect");
     let mut out = Vec::new();

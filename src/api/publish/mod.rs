@@ -24,29 +24,16 @@ pub enum PublishError {
         source: rdkafka::error::KafkaError,
     },
     #[error("RabbitMQ could not be reached")]
-    AmqpConnect(#[source] lapin::Error),
-    #[error("connecting to RabbitMQ took longer than amqp.connect_timeout")]
-    AmqpConnectTimeout,
-    #[error("the RabbitMQ channel failed")]
-    AmqpChannel(#[source] lapin::Error),
+    AmqpConnect(#[from] crate::broker::amqp::ConnectError),
+    #[error("RabbitMQ did not take the command")]
+    Amqp(#[from] crate::broker::amqp::PublishError),
     #[error("the broker did not confirm the command within api.request_timeout")]
     Timeout,
-    #[error(
-        "RabbitMQ did not take the message for exchange '{exchange}' key '{routing_key}': {why}"
-    )]
-    AmqpUnconfirmed {
-        exchange: String,
-        routing_key: String,
-        why: String,
-    },
 }
 
 impl From<PublishError> for Problem {
     fn from(e: PublishError) -> Self {
-        let mut detail = e.to_string();
-        if let Some(cause) = std::error::Error::source(&e) {
-            detail = format!("{detail}: {cause}");
-        }
+        let detail = crate::telemetry::chain(&e);
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "broker-unavailable",

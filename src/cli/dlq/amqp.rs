@@ -1,19 +1,19 @@
-//! RabbitMQ dead letters. The queue is read with basic.get and nothing is
-//! acked while listing: closing the channel puts every message back. A
-//! replay publishes to the source queue (default exchange, mandatory, with
-//! publisher confirms) and acks the dead letter only once the broker
-//! confirmed the copy was routed, so a failed replay leaves it in place.
+//! RabbitMQ dead letters, read and replayed with the raw AMQP client
+//! (`broker::amqp::raw`): every property and header is read as bytes, so a
+//! delivery lapin cannot parse (the non-UTF-8 poison the broker
+//! dead-letters by its delivery limit) is listed like any other instead of
+//! breaking the connection. Nothing is acked while listing: closing the
+//! connection puts every message back. A replay publishes to the source
+//! queue (default exchange, mandatory, with publisher confirms) with the
+//! original properties byte for byte, and acks the dead letter only once
+//! the broker confirmed the copy was routed, so a failed replay leaves it
+//! in place. A letter lapin cannot parse is not replayed: dedupq's consumer
+//! could not read it either, and it would only be dead-lettered again.
 
 use super::record::{self, DeadLetter, Filter, IdentityHeaders};
 use super::DlqError;
+use crate::broker::amqp::raw::{FieldValue, RawAmqp, RawAmqpError, RawDelivery, Table};
 use crate::config::AmqpSettings;
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 /// Headers the broker adds on dead-lettering and redelivery: history, not
 /// part of the original message, dropped on replay like `dedupq-*`.
@@ -30,14 +30,13 @@ const BROKER_HEADERS: [&str; 8] = [
 
 pub struct AmqpLetter {
     pub letter: DeadLetter,
-    delivery: Delivery,
+    delivery: RawDelivery,
 }
 
-/// An open channel on the dead-letter queue; dropping it (or `close`)
-/// returns every message not acked.
+/// A connection holding the dead letters it took; closing it (or dropping
+/// it) returns every one not acked.
 pub struct Session {
-    connection: Connection,
-    channel: Channel,
+    raw: RawAmqp,
     identity: IdentityHeaders,
 }
 
@@ -46,18 +45,8 @@ impl Session {
         settings: &AmqpSettings,
         identity: IdentityHeaders,
     ) -> Result<Self, DlqError> {
-        let connection = Connection::connect(
-            settings.url.expose(),
-            ConnectionProperties::default().with_connection_name("dedupq-dlq".into()),
-        )
-        .await?;
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
         Ok(Self {
-            connection,
-            channel,
+            raw: RawAmqp::connect(settings, "dedupq-dlq").await?,
             identity,
         })
     }
@@ -65,123 +54,111 @@ impl Session {
     /// Takes every message now in `queue` (unacked), keeps those that pass
     /// `filter`, at most `limit`.
     pub async fn read(
-        &self,
+        &mut self,
         queue: &str,
         filter: &Filter,
         limit: usize,
     ) -> Result<Vec<AmqpLetter>, DlqError> {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
+        let present = match self.raw.message_count(queue).await {
+            Err(RawAmqpError::Closed { code: 404, .. }) => {
+                return Err(DlqError::NoQueue(queue.to_string()))
+            }
+            other => other?,
         };
-        let present = self
-            .channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
-            .await
-            .map_err(|e| DlqError::NoQueue(queue.to_string(), e))?
-            .message_count();
         let mut out = Vec::new();
         for n in 0..present {
             if out.len() >= limit {
                 break;
             }
-            let got = self
-                .channel
-                .basic_get(queue.into(), BasicGetOptions { no_ack: false })
-                .await?;
-            let Some(got) = got else { break };
-            let letter = letter(queue, n, &got.delivery, &self.identity);
+            let Some(delivery) = self.raw.get_unacked(queue).await? else {
+                break;
+            };
+            let letter = letter(queue, n, &delivery, &self.identity);
             if filter.matches(&letter) {
-                out.push(AmqpLetter {
-                    letter,
-                    delivery: got.delivery,
-                });
+                out.push(AmqpLetter { letter, delivery });
             }
         }
         Ok(out)
     }
 
     /// Publishes each letter to its source queue; acks it in the dead-letter
-    /// queue once the broker confirmed the replay.
-    pub async fn replay(&self, letters: &mut [AmqpLetter]) -> Result<(), DlqError> {
+    /// queue once the broker confirmed the replay was routed.
+    pub async fn replay(&mut self, letters: &mut [AmqpLetter]) -> Result<(), DlqError> {
         for l in letters.iter_mut() {
-            let Some(queue) = l.letter.source.clone() else {
-                l.letter.replay = Some("skipped: no source queue".into());
-                continue;
-            };
-            let confirm = self
-                .channel
-                .basic_publish(
-                    "".into(),
-                    queue.as_str().into(),
-                    // Unroutable (the queue is gone) comes back instead of
-                    // being dropped, and the dead letter stays.
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &l.delivery.data,
-                    original(&l.delivery.properties),
-                )
-                .await?
-                .await?;
-            let routed = confirm.is_ack() && confirm.take_message().is_none();
-            l.letter.replay = Some(if !routed {
-                format!("failed: {queue} did not take it; left in the dead-letter queue")
-            } else if l.delivery.acker.ack(BasicAckOptions::default()).await? {
-                format!("replayed to {queue}")
-            } else {
-                format!("replayed to {queue}; the dead letter could not be removed")
+            l.letter.replay = Some(match plan(&l.letter) {
+                Err(skipped) => skipped,
+                Ok(queue) => self.replay_one(&queue, &l.delivery).await?,
             });
         }
         Ok(())
     }
 
+    async fn replay_one(&mut self, queue: &str, d: &RawDelivery) -> Result<String, DlqError> {
+        let mut properties = d.properties.clone();
+        if let Some(headers) = properties.headers.as_mut() {
+            headers.retain(|(name, _)| original(name));
+        }
+        match self.raw.publish("", queue, &properties, &d.body).await {
+            Ok(()) => {}
+            // Unroutable (the queue is gone) or refused: the dead letter stays.
+            Err(RawAmqpError::Unroutable { .. } | RawAmqpError::Nacked) => {
+                return Ok(format!(
+                    "failed: {queue} did not take it; left in the dead-letter queue"
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.raw.ack(d.delivery_tag).await?;
+        Ok(format!("replayed to {queue}"))
+    }
+
     /// Puts back every message not acked.
     pub async fn close(self) {
-        let _ = self.channel.close(200, "done".into()).await;
-        let _ = self.connection.close(200, "done".into()).await;
+        let _ = self.raw.close().await;
     }
 }
 
-/// The message as it was first published: the same properties and headers
-/// without dedupq's diagnostics and the broker's dead-letter history.
-fn original(p: &BasicProperties) -> BasicProperties {
-    let mut p = p.clone();
-    if let Some(headers) = p.headers() {
-        let kept: std::collections::BTreeMap<_, _> = headers
-            .inner()
-            .iter()
-            .filter(|(k, _)| {
-                let k = k.as_str();
-                !k.starts_with(record::DIAGNOSTIC_PREFIX) && !BROKER_HEADERS.contains(&k)
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        p = p.with_headers(FieldTable::from(kept));
+/// Where a replay goes, or why the letter is skipped.
+fn plan(letter: &DeadLetter) -> Result<String, String> {
+    if let Some(why) = &letter.unreadable {
+        return Err(format!(
+            "skipped: {why}, which dedupq's consumer cannot read; left in the dead-letter queue"
+        ));
     }
-    p
+    letter
+        .source
+        .clone()
+        .ok_or_else(|| "skipped: no source queue".to_string())
 }
 
-fn letter(queue: &str, n: u32, d: &Delivery, identity: &IdentityHeaders) -> DeadLetter {
-    let headers = d.properties.headers().as_ref();
-    let get = |name: &str| {
-        headers
-            .and_then(|h| h.inner().get(name))
-            .and_then(value_text)
-    };
-    let death = headers.and_then(first_death);
-    let death_field = |name: &str| death.and_then(|t| t.inner().get(name)).and_then(value_text);
+/// What a dry run says for each letter.
+pub fn dry_run(letters: &mut [AmqpLetter]) {
+    for l in letters {
+        l.letter.replay = Some(match plan(&l.letter) {
+            Ok(queue) => format!("would replay to {queue}"),
+            Err(skipped) => format!("would be {skipped}"),
+        });
+    }
+}
+
+/// Whether a header is part of the message as first published: not one of
+/// dedupq's diagnostics nor of the broker's dead-letter history.
+fn original(name: &[u8]) -> bool {
+    !name.starts_with(record::DIAGNOSTIC_PREFIX.as_bytes())
+        && !BROKER_HEADERS.iter().any(|b| b.as_bytes() == name)
+}
+
+fn letter(queue: &str, n: u32, d: &RawDelivery, identity: &IdentityHeaders) -> DeadLetter {
+    let p = &d.properties;
+    let headers: &[(Vec<u8>, FieldValue)] = p.headers.as_deref().unwrap_or_default();
+    let get = |name: &str| field(headers, name).and_then(value_text);
+    let death = first_death(headers);
+    let death_field = |name: &str| death.and_then(|t| field(t, name)).and_then(value_text);
     let first_seen = get(record::FIRST_SEEN)
         .and_then(|t| record::time(&t))
+        .or_else(|| death.and_then(|t| field(t, "time")).and_then(timestamp))
         .or_else(|| {
-            death
-                .and_then(|t| t.inner().get("time"))
-                .and_then(timestamp)
-        })
-        .or_else(|| {
-            d.properties
-                .timestamp()
+            p.timestamp
                 .and_then(|t| chrono::DateTime::from_timestamp(t as i64, 0))
         });
     DeadLetter {
@@ -196,35 +173,43 @@ fn letter(queue: &str, n: u32, d: &Delivery, identity: &IdentityHeaders) -> Dead
             .or_else(|| get("x-first-death-queue"))
             .or_else(|| death_field("queue")),
         detail: get(record::DETAIL),
-        bytes: d.data.len(),
+        bytes: d.body.len(),
+        unreadable: p.unreadable(),
         replay: None,
     }
 }
 
+/// The first entry named `name`, compared byte for byte.
+fn field<'a>(table: &'a [(Vec<u8>, FieldValue)], name: &str) -> Option<&'a FieldValue> {
+    table
+        .iter()
+        .find(|(k, _)| k == name.as_bytes())
+        .map(|(_, v)| v)
+}
+
 /// The oldest entry of `x-death` (the broker puts the newest first).
-fn first_death(headers: &FieldTable) -> Option<&FieldTable> {
-    match headers.inner().get("x-death")? {
-        AMQPValue::FieldArray(entries) => entries.as_slice().iter().rev().find_map(|e| match e {
-            AMQPValue::FieldTable(t) => Some(t),
+fn first_death(headers: &[(Vec<u8>, FieldValue)]) -> Option<&Table> {
+    match field(headers, "x-death")? {
+        FieldValue::Array(entries) => entries.iter().rev().find_map(|e| match e {
+            FieldValue::Table(t) => Some(t),
             _ => None,
         }),
         _ => None,
     }
 }
 
-fn value_text(v: &AMQPValue) -> Option<String> {
+fn value_text(v: &FieldValue) -> Option<String> {
     match v {
-        AMQPValue::LongString(s) => Some(record::text(s.as_bytes())),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        AMQPValue::LongLongInt(n) => Some(n.to_string()),
-        AMQPValue::LongInt(n) => Some(n.to_string()),
+        FieldValue::LongStr(s) | FieldValue::Bytes(s) => Some(record::text(s)),
+        FieldValue::Long(n) => Some(n.to_string()),
+        FieldValue::Int(n) => Some(n.to_string()),
         _ => None,
     }
 }
 
-fn timestamp(v: &AMQPValue) -> Option<chrono::DateTime<chrono::Utc>> {
+fn timestamp(v: &FieldValue) -> Option<chrono::DateTime<chrono::Utc>> {
     match v {
-        AMQPValue::Timestamp(t) => chrono::DateTime::from_timestamp(*t as i64, 0),
+        FieldValue::Timestamp(t) => chrono::DateTime::from_timestamp(*t as i64, 0),
         _ => None,
     }
 }

@@ -4,17 +4,19 @@
 //! replayed record stays in the DLQ; `--since` keeps a later replay from
 //! repeating it.
 
-use super::kafka_headers::{self, RawHeader};
 use super::record::{self, DeadLetter, Filter, IdentityHeaders};
 use super::DlqError;
+use crate::broker::kafka::{self, headers, Producing};
 use crate::config::KafkaSettings;
+use crate::message::Header;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
 /// How long reading one DLQ topic to its end may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bounds each metadata and watermark request (a silent broker included).
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A dead letter with what a replay needs.
@@ -22,17 +24,17 @@ pub struct KafkaLetter {
     pub letter: DeadLetter,
     key: Option<Vec<u8>>,
     payload: Option<Vec<u8>>,
-    headers: Vec<RawHeader>,
+    headers: Vec<Header>,
     source_partition: Option<i32>,
 }
 
-fn client_config(settings: &KafkaSettings) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &settings.brokers);
-    for (k, v) in &settings.client {
-        config.set(k, v);
-    }
-    config
+/// The header `name`, compared byte for byte, as text.
+fn named(headers: &[Header], name: &str) -> Option<String> {
+    headers
+        .iter()
+        .find(|h| h.name == name.as_bytes())
+        .and_then(|h| h.value.as_deref())
+        .map(record::text)
 }
 
 /// Every dead letter of the source topics' DLQs that passes `filter`, at
@@ -44,13 +46,8 @@ pub async fn read(
     filter: Filter,
     limit: usize,
 ) -> Result<Vec<KafkaLetter>, DlqError> {
-    let mut config = client_config(settings);
-    config
-        // A group of its own that never commits: reading moves nothing.
-        .set("group.id", "dedupq-dlq-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false");
+    // A group of its own that never commits: reading moves nothing.
+    let config = kafka::reader(settings, "dedupq-dlq-reader");
     let suffix = settings.dlq_suffix.clone();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = config.create()?;
@@ -140,14 +137,8 @@ fn read_topic(
 }
 
 fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> KafkaLetter {
-    let headers = kafka_headers::read(m);
-    let get = |name: &str| {
-        headers
-            .iter()
-            .find(|h| h.named(name))
-            .and_then(|h| h.value.as_deref())
-            .map(record::text)
-    };
+    let headers = headers::of(m);
+    let get = |name: &str| named(&headers, name);
     let first_seen = get(record::FIRST_SEEN)
         .and_then(|t| record::time(&t))
         .or_else(|| {
@@ -164,6 +155,7 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> Kafka
         source: Some(get(record::SOURCE_TOPIC).unwrap_or_else(|| names.source.to_string())),
         detail: get(record::DETAIL),
         bytes: m.payload_len(),
+        unreadable: None,
         replay: None,
     };
     KafkaLetter {
@@ -179,21 +171,19 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> Kafka
 /// original key, payload and headers (the `dedupq-*` ones dropped), and
 /// records what happened on the letter.
 pub async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Result<(), DlqError> {
-    let producer: FutureProducer = client_config(settings)
-        // Acknowledged by every in-sync replica, never duplicated by a retry.
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .create()?;
+    // Acknowledged by every in-sync replica, never duplicated by a retry,
+    // and each record bounded by kafka.produce_timeout.
+    let producer: FutureProducer = kafka::producer(settings, Producing::Replay).create()?;
     for l in letters.iter_mut() {
         let topic = l.letter.source.clone().unwrap_or_default();
-        let headers: Vec<RawHeader> = l
+        let original: Vec<Header> = l
             .headers
             .iter()
             .filter(|h| !h.name.starts_with(record::DIAGNOSTIC_PREFIX.as_bytes()))
             .cloned()
             .collect();
         let mut rec: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&topic).headers(kafka_headers::owned(&headers));
+            FutureRecord::to(&topic).headers(headers::owned(&original));
         if let Some(k) = &l.key {
             rec = rec.key(k.as_slice());
         }

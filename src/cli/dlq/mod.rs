@@ -1,10 +1,10 @@
 //! `dedupq dlq list|replay`: dead letters of the Kafka DLQ topics and the
-//! RabbitMQ dead-letter queue, read with the broker clients directly.
+//! RabbitMQ dead-letter queue, read with the clients of `crate::broker`
+//! (so with the TLS, SASL and timeouts of `dedupq run`).
 
 mod amqp;
 mod args;
 mod kafka;
-pub(crate) mod kafka_headers;
 mod record;
 
 pub use args::{DlqCommand, Transport};
@@ -20,11 +20,11 @@ pub enum DlqError {
     #[error("Kafka")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("RabbitMQ")]
-    Amqp(#[from] lapin::Error),
+    Amqp(#[from] crate::broker::amqp::raw::RawAmqpError),
     #[error("dead-letter topic {0} does not exist")]
     NoTopic(String),
     #[error("dead-letter queue {0} does not exist")]
-    NoQueue(String, #[source] lapin::Error),
+    NoQueue(String),
     #[error("no Kafka topic: give --topic or set kafka.topics")]
     NoTopics,
     #[error("reading the dead-letter topic failed: {0}")]
@@ -69,8 +69,9 @@ pub async fn run_dlq(
                 .queue
                 .clone()
                 .unwrap_or_else(|| settings.amqp.dead_letter_queue.clone());
-            let session = amqp::Session::open(&settings.amqp, identity).await?;
-            let result = amqp_letters(&session, &queue, &filter, args.limit, replay, execute).await;
+            let mut session = amqp::Session::open(&settings.amqp, identity).await?;
+            let result =
+                amqp_letters(&mut session, &queue, &filter, args.limit, replay, execute).await;
             session.close().await;
             result?
         }
@@ -87,7 +88,7 @@ pub async fn run_dlq(
 }
 
 async fn amqp_letters(
-    session: &amqp::Session,
+    session: &mut amqp::Session,
     queue: &str,
     filter: &Filter,
     limit: usize,
@@ -98,10 +99,7 @@ async fn amqp_letters(
     if replay && execute {
         session.replay(&mut letters).await?;
     } else if replay {
-        for l in &mut letters {
-            let to = l.letter.source.as_deref().unwrap_or("-").to_string();
-            l.letter.replay = Some(format!("would replay to {to}"));
-        }
+        amqp::dry_run(&mut letters);
     }
     Ok(letters.into_iter().map(|l| l.letter).collect())
 }

@@ -30,6 +30,10 @@ pub struct DeadLetter {
     pub source: Option<String>,
     pub detail: Option<String>,
     pub bytes: usize,
+    /// What dedupq's consumer (lapin) cannot parse in this RabbitMQ dead
+    /// letter, if anything: a replay would only see it dead-lettered again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
     /// What `replay` did or would do; absent for `list`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay: Option<String>,

@@ -8,8 +8,8 @@
 use super::delivery::Meta;
 use super::error::AmqpError;
 use super::headers::{self as h, table_of};
-use super::publish::{Outgoing, Publisher};
 use crate::backoff::Backoff;
+use crate::broker::amqp::{Outgoing, Publisher};
 use crate::config::AmqpSettings;
 use crate::engine::{Action, Decision, Incoming};
 use crate::message::Transport;
@@ -72,7 +72,7 @@ impl Applier<'_> {
         for (meta, plan) in metas.iter().zip(&plans) {
             match plan {
                 Plan::Required(_, counted) => {
-                    if let Some(Err(e)) = confirmed.next() {
+                    if let Some(Err(e)) = confirmed.next().map(|r| r.map_err(AmqpError::from)) {
                         tracing::warn!(queue = self.queue, delivery_tag = meta.delivery_tag, error = %crate::telemetry::chain(&e), "publish failed; delivery stays unacked");
                         first_error.get_or_insert(e);
                         continue;

@@ -1,3 +1,4 @@
+use crate::broker::amqp::{ConnectError, PublishError};
 use crate::config::ConfigError;
 
 /// What can stop a RabbitMQ session. The variant decides: `Config` stops
@@ -91,5 +92,26 @@ impl AmqpError {
 
     pub(super) fn channel(op: &'static str) -> impl FnOnce(lapin::Error) -> Self {
         move |source| AmqpError::Channel { op, source }
+    }
+}
+
+impl From<ConnectError> for AmqpError {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Config(e) => AmqpError::Config(e),
+            ConnectError::Failed { url, source } => AmqpError::Connect { url, source },
+            ConnectError::Timeout { url, .. } => AmqpError::ConnectTimeout { url },
+        }
+    }
+}
+
+impl From<PublishError> for AmqpError {
+    fn from(e: PublishError) -> Self {
+        match e {
+            PublishError::Channel { op, source } => AmqpError::Channel { op, source },
+            PublishError::Unconfirmed { destination, why } => {
+                AmqpError::Unconfirmed { destination, why }
+            }
+        }
     }
 }

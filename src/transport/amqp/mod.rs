@@ -4,13 +4,11 @@
 
 mod apply;
 mod batch;
-mod connection;
 mod consumer;
 mod delivery;
 mod error;
 pub(crate) mod headers;
 mod progress;
-mod publish;
 mod runner;
 mod topology;
 

@@ -10,12 +10,12 @@
 //! delivery at a time for a while, so only the offending message's count
 //! grows, never its neighbours'.
 
-use super::connection::connect;
 use super::consumer::Worker;
 use super::error::AmqpError;
 use super::progress::Progress;
 use super::topology;
 use crate::backoff::Backoff;
+use crate::broker::amqp::connect;
 use crate::config::AmqpSettings;
 use crate::engine::Pipeline;
 use crate::health::{Component, Health};
@@ -99,9 +99,9 @@ impl Session {
         cautious: bool,
     ) -> (Result<(), AmqpError>, bool) {
         let connection = tokio::select! {
-            c = connect(&self.settings) => match c {
+            c = connect(&self.settings, &self.settings.connection_name) => match c {
                 Ok(c) => c,
-                Err(e) => return (Err(e), false),
+                Err(e) => return (Err(e.into()), false),
             },
             _ = shutdown.cancelled() => return (Ok(()), false),
         };

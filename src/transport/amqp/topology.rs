@@ -31,7 +31,7 @@ pub(super) async fn prepare(
 /// tool that publishes to dedupq's queues before dedupq starts (the
 /// benchmark), so both agree on every queue argument.
 pub async fn prepare_alone(settings: &AmqpSettings) -> Result<(), AmqpError> {
-    let connection = super::connection::connect(settings).await?;
+    let connection = crate::broker::amqp::connect(settings, &settings.connection_name).await?;
     let prepared = prepare(&connection, settings).await;
     let _ = connection.close(200, "topology ready".into()).await;
     prepared

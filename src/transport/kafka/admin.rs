@@ -2,7 +2,6 @@
 //! exist (or are created when allowed), and how long the source topics can
 //! replay.
 
-use super::client;
 use super::error::KafkaError;
 use super::replay::{CheckInterval, Replay};
 use crate::config::KafkaSettings;
@@ -15,7 +14,7 @@ use std::time::Duration;
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn admin(settings: &KafkaSettings) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
-    client::admin_config(settings)
+    crate::broker::kafka::admin(settings)
         .create()
         .map_err(KafkaError::Client)
 }

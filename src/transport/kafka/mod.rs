@@ -4,8 +4,7 @@
 
 mod admin;
 mod batch;
-mod client;
-
+mod checks;
 mod consumer;
 mod context;
 mod dead_letter;
@@ -22,9 +21,9 @@ mod reply;
 pub use crate::config::KafkaSettings;
 pub use admin::topic_replays;
 pub use error::{KafkaError, ProduceError};
-pub use outbox::raw_headers;
 pub use replay::{CheckInterval, Replay};
 
+use crate::broker::{self, kafka::Producing};
 use crate::engine::Pipeline;
 use crate::health::Health;
 use batch::Shared;
@@ -45,7 +44,7 @@ pub async fn run(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), KafkaError> {
-    client::validate(&settings)?;
+    checks::validate(&settings)?;
     admin::ensure_produced_topics(&settings).await?;
     let ledger = Arc::new(Ledger::default());
     let metrics = pipeline.metrics().clone();
@@ -57,11 +56,11 @@ pub async fn run(
     };
     // Not ready until the group assigns partitions or a broker reports up.
     context.set_up(false);
-    let consumer: KafkaConsumer = client::consumer_config(&settings)
+    let consumer: KafkaConsumer = broker::kafka::consumer(&settings)
         .create_with_context(context)
         .map_err(KafkaError::Client)?;
     let consumer = Arc::new(consumer);
-    let producer: FutureProducer = client::producer_config(&settings)
+    let producer: FutureProducer = broker::kafka::producer(&settings, Producing::Outbox)
         .create()
         .map_err(KafkaError::Client)?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();

@@ -4,10 +4,9 @@
 
 use super::error::ProduceError;
 use crate::backoff::Backoff;
+use crate::broker::kafka::headers;
 use crate::engine::Header;
-use rdkafka::bindings as rd;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedHeaders, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -102,36 +101,9 @@ fn shutdown(record: &Record) -> ProduceError {
 fn to_future_record(r: &Record) -> FutureRecord<'_, [u8], [u8]> {
     let mut fr = FutureRecord::to(&r.topic)
         .payload(r.payload.as_slice())
-        .headers(raw_headers(&r.headers));
+        .headers(headers::owned(&r.headers));
     if let Some(key) = &r.key {
         fr = fr.key(key.as_slice());
     }
     fr
-}
-
-/// Headers with byte names, through librdkafka's own API (rdkafka's safe
-/// one only takes `&str` names).
-pub fn raw_headers(headers: &[Header]) -> OwnedHeaders {
-    let owned = OwnedHeaders::new_with_capacity(headers.len());
-    let ptr = owned.as_borrowed() as *const BorrowedHeaders as *mut rd::rd_kafka_headers_t;
-    for h in headers {
-        let (value, len) = match &h.value {
-            Some(v) => (v.as_ptr().cast(), v.len() as isize),
-            None => (std::ptr::null(), 0),
-        };
-        // SAFETY: `ptr` is the headers list `owned` holds (rdkafka's
-        // `BorrowedHeaders` is the native list itself); librdkafka copies
-        // name and value. A NUL in a name would end it early: names read
-        // from librdkafka never contain one.
-        unsafe {
-            rd::rd_kafka_header_add(
-                ptr,
-                h.name.as_ptr().cast(),
-                h.name.len() as isize,
-                value,
-                len,
-            );
-        }
-    }
-    owned
 }

@@ -1,6 +1,7 @@
 //! The TLS and SASL endpoints of the local services, as `scripts/services
 //! up` wrote them to `$DEDUPQ_SERVICES_DIR/services.env`.
 
+use dedupq::config::KafkaSettings;
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -66,12 +67,11 @@ impl Endpoints {
 
     /// A librdkafka configuration for the SASL_SSL listener, password set.
     pub fn kafka_config(&self, ca: &str) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", self.get("KAFKA_SASL_BROKERS"))
-            .set("sasl.password", self.kafka_password());
-        for (k, v) in self.kafka_client(ca) {
-            c.set(k, v);
-        }
-        c
+        let mut settings = KafkaSettings::at(&self.get("KAFKA_SASL_BROKERS"));
+        settings.client = self.kafka_client(ca);
+        settings
+            .client
+            .insert("sasl.password".into(), self.kafka_password());
+        dedupq::broker::kafka::client(&settings, "dedupq-test")
     }
 }

@@ -1,25 +1,38 @@
 //! The basic-class content properties, every string as bytes, in the
 //! order and with the flag bits of the 0-9-1 spec.
 
-use super::codec::{Reader, Table, Writer};
+use super::codec::{FieldValue, Reader, Table, Writer};
 use super::RawAmqpError;
 
+/// A message's properties as the broker stores them; `None` is a property
+/// that is not set.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RawProperties {
+    /// `content_type`.
     pub content_type: Option<Vec<u8>>,
+    /// `content_encoding`.
     pub content_encoding: Option<Vec<u8>>,
+    /// The header table, in wire order.
     pub headers: Option<Table>,
+    /// `delivery_mode` (2: persistent).
     pub delivery_mode: Option<u8>,
+    /// `priority`.
     pub priority: Option<u8>,
+    /// `correlation_id`.
     pub correlation_id: Option<Vec<u8>>,
+    /// `reply_to`.
     pub reply_to: Option<Vec<u8>>,
+    /// `expiration` (milliseconds, as text).
     pub expiration: Option<Vec<u8>>,
+    /// `message_id`.
     pub message_id: Option<Vec<u8>>,
+    /// `timestamp`, seconds since the epoch.
     pub timestamp: Option<u64>,
     /// The `type` property.
     pub kind: Option<Vec<u8>>,
     /// RabbitMQ refuses a `user_id` other than the connection's user.
     pub user_id: Option<Vec<u8>>,
+    /// `app_id`.
     pub app_id: Option<Vec<u8>>,
 }
 
@@ -41,12 +54,35 @@ const CLUSTER_ID: u16 = 1 << 2;
 
 impl RawProperties {
     /// A header (table entry) by exact key bytes.
-    pub fn header(&self, key: &[u8]) -> Option<&super::FieldValue> {
+    pub fn header(&self, key: &[u8]) -> Option<&FieldValue> {
         self.headers
             .as_ref()?
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v)
+    }
+
+    /// What lapin cannot parse in these properties, if anything: it reads
+    /// every short-string property and every table key (nested ones too)
+    /// as UTF-8, and one that is not fails its whole connection.
+    pub fn unreadable(&self) -> Option<String> {
+        let shorts = [
+            ("content_type", &self.content_type),
+            ("content_encoding", &self.content_encoding),
+            ("correlation_id", &self.correlation_id),
+            ("reply_to", &self.reply_to),
+            ("expiration", &self.expiration),
+            ("message_id", &self.message_id),
+            ("type", &self.kind),
+            ("user_id", &self.user_id),
+            ("app_id", &self.app_id),
+        ];
+        for (name, value) in shorts {
+            if let Some(v) = value.as_deref().filter(|v| std::str::from_utf8(v).is_err()) {
+                return Some(format!("{name} is not UTF-8: {}", v.escape_ascii()));
+            }
+        }
+        self.headers.as_deref().and_then(unreadable_key)
     }
 
     pub(super) fn encode(&self, w: &mut Writer) -> Result<(), RawAmqpError> {
@@ -129,5 +165,57 @@ impl RawProperties {
             user_id,
             app_id,
         })
+    }
+}
+
+/// The first table key (at any depth) that is not UTF-8.
+fn unreadable_key(table: &[(Vec<u8>, FieldValue)]) -> Option<String> {
+    table.iter().find_map(|(key, value)| {
+        if std::str::from_utf8(key).is_err() {
+            return Some(format!("header name is not UTF-8: {}", key.escape_ascii()));
+        }
+        unreadable_in(value)
+    })
+}
+
+fn unreadable_in(value: &FieldValue) -> Option<String> {
+    match value {
+        FieldValue::Table(t) => unreadable_key(t),
+        FieldValue::Array(items) => items.iter().find_map(unreadable_in),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_lapin_cannot_parse_is_named_and_everything_else_passes() {
+        let fine = RawProperties {
+            message_id: Some(b"m-1".to_vec()),
+            headers: Some(vec![(b"k".to_vec(), FieldValue::LongStr(b"\xff".to_vec()))]),
+            ..RawProperties::default()
+        };
+        assert_eq!(fine.unreadable(), None, "a header value may be any bytes");
+        let id = RawProperties {
+            message_id: Some(b"\xff\xfe-poison".to_vec()),
+            ..RawProperties::default()
+        };
+        assert_eq!(
+            id.unreadable().as_deref(),
+            Some("message_id is not UTF-8: \\xff\\xfe-poison")
+        );
+        let nested = RawProperties {
+            headers: Some(vec![(
+                b"x-death".to_vec(),
+                FieldValue::Array(vec![FieldValue::Table(vec![(
+                    b"\xc3\x28".to_vec(),
+                    FieldValue::Void,
+                )])]),
+            )]),
+            ..RawProperties::default()
+        };
+        assert!(nested.unreadable().unwrap().starts_with("header name"));
     }
 }

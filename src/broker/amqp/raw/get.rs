@@ -1,4 +1,5 @@
-//! `basic.get`, reading every property of a message as bytes.
+//! `basic.get`, reading every property of a message as bytes, and what
+//! goes with it: `basic.ack`, and a queue's depth.
 
 use super::codec::{method, Reader, FRAME_BODY, FRAME_HEADER};
 use super::{bounded, RawAmqp, RawAmqpError, RawProperties, CHANNEL};
@@ -6,11 +7,17 @@ use super::{bounded, RawAmqp, RawAmqpError, RawProperties, CHANNEL};
 /// A message taken with `basic.get`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawDelivery {
+    /// Its tag on this connection's channel, for `ack`.
     pub delivery_tag: u64,
+    /// Whether the broker delivered it before.
     pub redelivered: bool,
+    /// The exchange it was published to.
     pub exchange: Vec<u8>,
+    /// The routing key it was published with.
     pub routing_key: Vec<u8>,
+    /// Every property, as bytes.
     pub properties: RawProperties,
+    /// The body, byte for byte.
     pub body: Vec<u8>,
 }
 
@@ -59,6 +66,34 @@ impl RawAmqp {
                     "unexpected method {other:?} after basic.get"
                 ))),
             }
+        })
+        .await
+    }
+
+    /// Acknowledges a delivery taken with `get_unacked`: the broker drops
+    /// it from its queue. The broker does not answer an ack.
+    pub async fn ack(&mut self, delivery_tag: u64) -> Result<(), RawAmqpError> {
+        let mut ack = method(60, 80);
+        ack.u64(delivery_tag).u8(0);
+        bounded(self.send(CHANNEL, ack)).await
+    }
+
+    /// Messages ready in `queue` (a passive `queue.declare`). A queue that
+    /// does not exist closes the channel (`Closed` with code 404).
+    pub async fn message_count(&mut self, queue: &str) -> Result<u32, RawAmqpError> {
+        let mut declare = method(50, 10);
+        // Flags: passive only; no arguments.
+        declare
+            .u16(0)
+            .short_str(queue.as_bytes())?
+            .u8(1)
+            .table(&Vec::new())?;
+        bounded(async {
+            self.send(CHANNEL, declare).await?;
+            let ok = self.expect(CHANNEL, (50, 11)).await?;
+            let mut r = Reader(&ok);
+            r.short_str()?;
+            r.u32()
         })
         .await
     }

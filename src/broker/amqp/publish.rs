@@ -1,0 +1,171 @@
+//! Publishing with publisher confirms, for every lapin publisher of dedupq:
+//! a publish counts only once the broker has confirmed it and routed it to
+//! a queue (mandatory).
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The exchange; empty for the default exchange (straight into the
+    /// queue named by the routing key).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The body, byte for byte.
+    pub payload: Vec<u8>,
+    /// Properties and headers.
+    pub properties: BasicProperties,
+}
+
+impl Outgoing {
+    /// Exchange and routing key, for errors and logs.
+    pub fn destination(&self) -> String {
+        format!("exchange '{}' key '{}'", self.exchange, self.routing_key)
+    }
+}
+
+/// Why a publish does not count. The variant decides: `Channel` means the
+/// channel (or its connection) is gone and must be opened again;
+/// `Unconfirmed` is the broker's answer about this one message.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// An AMQP method failed: the channel or its connection is gone.
+    #[error("RabbitMQ operation `{op}` failed")]
+    Channel {
+        /// The AMQP method, such as `basic.publish`.
+        op: &'static str,
+        /// What lapin said.
+        #[source]
+        source: lapin::Error,
+    },
+    /// Nacked, returned as unroutable, or a name too long for AMQP.
+    #[error("publish to {destination} was not confirmed: {why}")]
+    Unconfirmed {
+        /// Exchange and routing key.
+        destination: String,
+        /// Why the broker did not take it.
+        why: String,
+    },
+}
+
+fn channel_error(op: &'static str) -> impl FnOnce(lapin::Error) -> PublishError {
+    move |source| PublishError::Channel { op, source }
+}
+
+/// A channel in confirm mode, used only for publishing.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+/// A message sent and not yet confirmed.
+pub struct Pending {
+    destination: String,
+    confirm: PublisherConfirm,
+}
+
+impl Publisher {
+    /// Opens a channel on `connection` and puts it in confirm mode.
+    pub async fn open(connection: &Connection) -> Result<Self, PublishError> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(channel_error("channel.open"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions { nowait: false })
+            .await
+            .map_err(channel_error("confirm.select"))?;
+        Ok(Self { channel })
+    }
+
+    /// Whether the channel (and so its connection) is still open.
+    pub fn is_open(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// The confirm-mode channel, for declares next to the publishes.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Publishes `out` and waits for its confirm.
+    pub async fn publish(&self, out: &Outgoing) -> Result<(), PublishError> {
+        self.send(out).await?.confirmed().await
+    }
+
+    /// Sends every message, then waits for all their confirms. The result
+    /// of each is in input order.
+    pub async fn publish_all(&self, batch: &[&Outgoing]) -> Vec<Result<(), PublishError>> {
+        let mut pending = Vec::with_capacity(batch.len());
+        for out in batch {
+            pending.push(self.send(out).await);
+        }
+        let waits = pending.into_iter().map(|sent| async move {
+            match sent {
+                Ok(pending) => pending.confirmed().await,
+                Err(e) => Err(e),
+            }
+        });
+        futures::future::join_all(waits).await
+    }
+
+    /// Sends `out` (mandatory) without waiting for its confirm, so that a
+    /// publisher can keep a window of them in flight.
+    pub async fn send(&self, out: &Outgoing) -> Result<Pending, PublishError> {
+        let short = |name: &str| {
+            ShortString::try_new(name).map_err(|_| PublishError::Unconfirmed {
+                destination: out.destination(),
+                why: "name longer than 255 bytes".into(),
+            })
+        };
+        let (exchange, routing_key) = (short(&out.exchange)?, short(&out.routing_key)?);
+        let options = BasicPublishOptions {
+            // Unroutable messages come back instead of vanishing.
+            mandatory: true,
+            // Not supported by RabbitMQ.
+            immediate: false,
+        };
+        let confirm = self
+            .channel
+            .basic_publish(
+                exchange,
+                routing_key,
+                options,
+                &out.payload,
+                out.properties.clone(),
+            )
+            .await
+            .map_err(channel_error("basic.publish"))?;
+        Ok(Pending {
+            destination: out.destination(),
+            confirm,
+        })
+    }
+}
+
+impl Pending {
+    /// Waits for the broker's confirm: Ok only if it acked the message and
+    /// did not return it as unroutable.
+    pub async fn confirmed(self) -> Result<(), PublishError> {
+        let unconfirmed = |why: String| PublishError::Unconfirmed {
+            destination: self.destination.clone(),
+            why,
+        };
+        match self
+            .confirm
+            .await
+            .map_err(channel_error("publisher confirm"))?
+        {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => Err(unconfirmed(format!(
+                "no queue took it (returned: {})",
+                returned.reply_text
+            ))),
+            Confirmation::Nack(_) => Err(unconfirmed("the broker refused it (nack)".into())),
+            Confirmation::NotRequested => Err(unconfirmed("confirms are not enabled".into())),
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! Kafka: the librdkafka configuration of every client (the consumer, the
+//! producers, the admin client, the readers of `dedupq dlq` and of the lab),
+//! and header names and values as bytes.
+
+mod client;
+pub mod headers;
+
+pub use client::{admin, client, consumer, producer, protected_key, reader, Producing};
