@@ -5,7 +5,6 @@
 
 #![warn(missing_docs)]
 
-pub mod api;
 pub mod backoff;
 #[doc(hidden)]
 pub mod bench;

@@ -138,9 +138,10 @@ impl Application {
             }
         }
         if settings.api.enabled {
-            let api = crate::api::Api::build(&settings, pipeline.clone(), store.clone())
-                .await
-                .context("starting the HTTP API");
+            let api =
+                crate::transport::http::Api::build(&settings, pipeline.clone(), store.clone())
+                    .await
+                    .context("starting the HTTP API");
             let api = match api {
                 Ok(api) => api,
                 Err(e) => {

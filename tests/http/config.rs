@@ -3,8 +3,8 @@
 use crate::harness::{keys_file, scratch, sync_route};
 use crate::support::handlers::Recording;
 use crate::support::{engine, fast_options, isolated_store};
-use dedupq::api::{Api, ApiError};
 use dedupq::config::{Settings, TenantSource};
+use dedupq::transport::http::{Api, ApiError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! flight, so a slow handler does not stall the queue.
 
 use super::apply::Applier;
-use super::batch::{next_batch, Next};
+use super::collect::{next_batch, Next};
 use super::delivery::receive;
 use super::error::AmqpError;
 use super::progress::Progress;
@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 const CANCELLED_CONSUMER_END: Duration = Duration::from_secs(5);
 
 pub(super) struct Worker {
-    shared: Arc<Shared>,
+    shared: Arc<QueueContext>,
     channel: Channel,
     consumer: Consumer,
     /// Consuming one delivery at a time after a failed session, until
@@ -37,7 +37,7 @@ pub(super) struct Worker {
 }
 
 /// What every batch task of one queue needs.
-struct Shared {
+struct QueueContext {
     queue: String,
     settings: Arc<AmqpSettings>,
     pipeline: Arc<dyn Pipeline>,
@@ -71,7 +71,7 @@ impl Worker {
             );
         }
         Ok(Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(QueueContext {
                 queue: queue.to_string(),
                 settings,
                 pipeline,
@@ -248,7 +248,7 @@ fn record(slot: &Mutex<Option<AmqpError>>, e: AmqpError) {
         .get_or_insert(e);
 }
 
-impl Shared {
+impl QueueContext {
     async fn handle(
         &self,
         deliveries: Vec<Delivery>,

@@ -3,7 +3,7 @@
 //! confirmed by the broker).
 
 mod apply;
-mod batch;
+mod collect;
 mod consumer;
 mod delivery;
 mod error;

@@ -3,7 +3,7 @@
 //! at the head of their partition, commit the durable prefix as batches
 //! finish (at most once per `kafka.commit_interval`).
 
-use super::batch::{self, BatchDone, Shared};
+use super::apply::{self, BatchContext, BatchDone};
 use super::context::{commit, Context};
 use super::error::KafkaError;
 use super::lanes::{Flow, Lanes};
@@ -31,7 +31,7 @@ const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::
 
 pub struct Pump {
     pub consumer: Arc<KafkaConsumer>,
-    pub shared: Arc<Shared>,
+    pub shared: Arc<BatchContext>,
     pub ledger: Arc<Ledger>,
     pub settings: KafkaSettings,
     health: Health,
@@ -52,7 +52,7 @@ pub struct Pump {
 impl Pump {
     pub fn new(
         consumer: Arc<KafkaConsumer>,
-        shared: Arc<Shared>,
+        shared: Arc<BatchContext>,
         ledger: Arc<Ledger>,
         settings: KafkaSettings,
         health: Health,
@@ -219,7 +219,7 @@ impl Pump {
             let mut lanes: Vec<_> = batch.iter().map(|h| h.lane.clone()).collect();
             lanes.dedup();
             self.ledger.batch_started(&lanes);
-            let run = batch::run(self.shared.clone(), batch);
+            let run = apply::run(self.shared.clone(), batch);
             self.batches.spawn(async move { (id, run.await) });
         }
     }

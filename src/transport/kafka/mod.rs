@@ -3,7 +3,7 @@
 //! confirmed); see DESIGN.md section 3.
 
 mod admin;
-mod batch;
+mod apply;
 mod checks;
 mod consumer;
 mod context;
@@ -26,7 +26,7 @@ pub use replay::{CheckInterval, Replay};
 use crate::broker::{self, kafka::Producing};
 use crate::engine::Pipeline;
 use crate::health::Health;
-use batch::Shared;
+use apply::BatchContext;
 use consumer::{KafkaConsumer, Pump};
 use context::Context;
 use ledger::Ledger;
@@ -66,7 +66,7 @@ pub async fn run(
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(KafkaError::Subscribe)?;
     tracing::info!(topics = ?settings.topics, group = %settings.group_id, "kafka consumer subscribed");
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(BatchContext {
         metrics,
         pipeline,
         outbox: Outbox {

@@ -1,7 +1,7 @@
 //! Every contact of the HTTP API with the engine and the key table, in one
 //! place: a request becomes an `Incoming` in the same key space as Kafka
 //! and RabbitMQ messages, the engine decides it, and the decision becomes a
-//! transport-free `Verdict` that `answer.rs` turns into an HTTP response.
+//! transport-free `Reply` that `answer.rs` turns into an HTTP response.
 
 use crate::config::{ConfigError, IdentitySettings, TenantSource};
 use crate::engine::{
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One authenticated request with its key, before any claim.
-pub struct Command {
+pub struct KeyedRequest {
     pub route: Arc<str>,
     pub tenant: Tenant,
     pub key: IdempotencyKey,
@@ -36,7 +36,7 @@ pub struct Command {
 
 /// A stored outcome as an answer carries it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Stored {
+pub struct StoredReply {
     /// The handler's status (not necessarily a valid HTTP status: a
     /// failure without an answer is stored as 0).
     pub status: i32,
@@ -46,9 +46,9 @@ pub struct Stored {
 
 /// What the API answers, whichever way it was decided.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum Reply {
     /// The key's stored outcome: fresh, or `replayed` for a repeat.
-    Stored { result: Stored, replayed: bool },
+    Stored { result: StoredReply, replayed: bool },
     /// Another request holds the key's live lease.
     InFlight { retry_after: Duration },
     /// The key was used for another operation (fingerprint).
@@ -83,7 +83,7 @@ pub struct Checked {
 /// What an async route publishes: the headers the consumers read the same
 /// tenant and key from, the body as received.
 #[derive(Debug, Clone)]
-pub struct Outgoing {
+pub struct Publication {
     pub key: String,
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
@@ -109,8 +109,8 @@ impl Checked {
         &self.identity
     }
 
-    pub fn outgoing(&self) -> Outgoing {
-        Outgoing {
+    pub fn publication(&self) -> Publication {
+        Publication {
             key: self.identity.key.as_str().to_string(),
             headers: text_headers(&self.incoming),
             body: self.incoming.body.clone(),
@@ -190,7 +190,7 @@ impl Gate {
 
     /// Applies the identity rules of every transport (body size, JSON
     /// object, tenant, key, fingerprint). A refusal claims nothing.
-    pub fn check(&self, cmd: Command) -> Result<Checked, Verdict> {
+    pub fn check(&self, cmd: KeyedRequest) -> Result<Checked, Reply> {
         let source = Source::Http {
             route: cmd.route.to_string(),
             request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
@@ -221,11 +221,11 @@ impl Gate {
     /// being decided here is answered in flight at once, without taking a
     /// connection (a row locked elsewhere, or a slow handler, can then
     /// never fill the pool with waiting claims of one key).
-    pub async fn decide(&self, checked: Checked) -> Verdict {
+    pub async fn decide(&self, checked: Checked) -> Reply {
         let fresh = lock(&self.deciding).insert(checked.identity.clone());
         if !fresh {
             self.count(Outcome::InFlight);
-            return Verdict::InFlight {
+            return Reply::InFlight {
                 retry_after: SHARED_CLAIM_RETRY,
             };
         }
@@ -237,16 +237,16 @@ impl Gate {
         let verdict = match self.pipeline.process(batch).await {
             Ok(mut decisions) => match decisions.pop() {
                 Some(d) => self.verdict(d, &checked).await,
-                None => Verdict::Unavailable {
+                None => Reply::Unavailable {
                     detail: "no decision was made".into(),
                 },
             },
-            Err(Unavailable::Provider { retry_after }) => Verdict::Paused { retry_after },
-            Err(e) => Verdict::Unavailable {
+            Err(Unavailable::Provider { retry_after }) => Reply::Paused { retry_after },
+            Err(e) => Reply::Unavailable {
                 detail: crate::telemetry::chain(&e).to_string(),
             },
         };
-        if let Verdict::Stored { .. } = verdict {
+        if let Reply::Stored { .. } = verdict {
             let took = (Utc::now() - checked.incoming.received_at).to_std();
             self.metrics()
                 .end_to_end
@@ -256,13 +256,13 @@ impl Gate {
         verdict
     }
 
-    async fn verdict(&self, d: Decision, checked: &Checked) -> Verdict {
+    async fn verdict(&self, d: Decision, checked: &Checked) -> Reply {
         match d.action {
             // Held for an operator after every attempt: answered unknown.
             Action::Commit { reply: Some(r) } if r.status == KeyStatus::Unknown => {
-                Verdict::Unknown { retry_after: None }
+                Reply::Unknown { retry_after: None }
             }
-            Action::Commit { reply: Some(r) } => Verdict::Stored {
+            Action::Commit { reply: Some(r) } => Reply::Stored {
                 result: stored(r),
                 replayed: d.outcome == Outcome::Duplicate,
             },
@@ -272,14 +272,14 @@ impl Gate {
             Action::DeadLetter {
                 reason: DeadLetterReason::ExhaustedRetries | DeadLetterReason::HandlerFault,
                 ..
-            } => Verdict::Released {
+            } => Reply::Released {
                 retry_after: super::answer::SOON,
             },
-            Action::Postpone { after } => Verdict::Paused { retry_after: after },
+            Action::Postpone { after } => Reply::Paused { retry_after: after },
             Action::DeadLetter {
                 reason: DeadLetterReason::Conflict,
                 ..
-            } => Verdict::Conflict,
+            } => Reply::Conflict,
             Action::DeadLetter {
                 reason: DeadLetterReason::Invalid(reason),
                 ..
@@ -287,34 +287,34 @@ impl Gate {
             Action::DeadLetter {
                 reason: DeadLetterReason::OutcomeUnknown,
                 ..
-            } => Verdict::Unknown { retry_after: None },
+            } => Reply::Unknown { retry_after: None },
             Action::DeadLetter {
                 reason: DeadLetterReason::StoreRejected | DeadLetterReason::RetryLimit,
                 detail,
-            } => Verdict::Unavailable { detail },
+            } => Reply::Unavailable { detail },
             Action::RetryLater { after } => match d.outcome {
-                Outcome::Unknown => Verdict::Unknown {
+                Outcome::Unknown => Reply::Unknown {
                     retry_after: Some(after),
                 },
-                Outcome::Retried | Outcome::Fault => Verdict::Released { retry_after: after },
-                Outcome::LeaseLost => Verdict::LeaseLost { retry_after: after },
-                _ => Verdict::InFlight { retry_after: after },
+                Outcome::Retried | Outcome::Fault => Reply::Released { retry_after: after },
+                Outcome::LeaseLost => Reply::LeaseLost { retry_after: after },
+                _ => Reply::InFlight { retry_after: after },
             },
         }
     }
 
-    async fn read_stored(&self, checked: &Checked) -> Verdict {
+    async fn read_stored(&self, checked: &Checked) -> Reply {
         match self.store.lookup(&checked.identity).await {
             Ok(Some(KeyState {
                 result: Some(r), ..
-            })) => Verdict::Stored {
+            })) => Reply::Stored {
                 result: stored(r),
                 replayed: false,
             },
-            Ok(_) => Verdict::Unavailable {
+            Ok(_) => Reply::Unavailable {
                 detail: "the stored outcome could not be read back".into(),
             },
-            Err(e) => Verdict::Unavailable {
+            Err(e) => Reply::Unavailable {
                 detail: format!("{e}"),
             },
         }
@@ -322,27 +322,27 @@ impl Gate {
 
     /// Async routes: what a repeat of an accepted command gets, without
     /// claiming (the consumer claims). None: the key was never claimed.
-    pub async fn look_up(&self, checked: &Checked) -> Option<Verdict> {
+    pub async fn look_up(&self, checked: &Checked) -> Option<Reply> {
         let state = match self.store.lookup(&checked.identity).await {
             Ok(state) => state?,
             Err(e) => {
-                return Some(Verdict::Unavailable {
+                return Some(Reply::Unavailable {
                     detail: format!("{e}"),
                 })
             }
         };
         Some(if state.conflicts_with(&checked.fingerprint) {
             self.count(Outcome::Conflict);
-            Verdict::Conflict
+            Reply::Conflict
         } else if let Some(r) = state.result {
             self.count(Outcome::Duplicate);
-            Verdict::Stored {
+            Reply::Stored {
                 result: stored(r),
                 replayed: true,
             }
         } else {
             self.count(Outcome::InFlight);
-            Verdict::Accepted {
+            Reply::Accepted {
                 key: checked.identity.key.as_str().to_string(),
                 replayed: true,
             }
@@ -350,8 +350,8 @@ impl Gate {
     }
 }
 
-fn stored(r: StoredResult) -> Stored {
-    Stored {
+fn stored(r: StoredResult) -> StoredReply {
+    StoredReply {
         status: r.result_status,
         body: Bytes::from(r.body),
         content_type: r
@@ -360,8 +360,8 @@ fn stored(r: StoredResult) -> Stored {
     }
 }
 
-fn invalid(reason: &InvalidReason) -> Verdict {
-    Verdict::Invalid {
+fn invalid(reason: &InvalidReason) -> Reply {
+    Reply::Invalid {
         detail: reason.to_string(),
         too_large: matches!(reason, InvalidReason::TooLarge { .. }),
     }

@@ -7,7 +7,7 @@
 mod answer;
 mod auth;
 mod body;
-mod engine;
+mod decide;
 mod key;
 mod post;
 mod problem;

@@ -5,7 +5,7 @@
 use super::answer::{self, answer};
 use super::auth::Callers;
 use super::body::read_body;
-use super::engine::{Checked, Command, Gate, Verdict};
+use super::decide::{Checked, Gate, KeyedRequest, Reply};
 use super::problem::Problem;
 use super::publish::PublishError;
 use super::route::Route;
@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-pub struct Shared {
+pub struct ApiState {
     pub routes: HashMap<String, Route>,
     pub callers: Callers,
     pub gate: Gate,
@@ -34,7 +34,7 @@ pub struct Shared {
     pub tasks: TaskTracker,
 }
 
-pub async fn handle(State(s): State<Arc<Shared>>, name: String, request: Request) -> Response {
+pub async fn handle(State(s): State<Arc<ApiState>>, name: String, request: Request) -> Response {
     let Some(route) = s.routes.get(&name) else {
         return answer::no_route(&format!("/v1/{name}"));
     };
@@ -57,7 +57,7 @@ enum Sender<'a> {
 }
 
 async fn accept(
-    s: &Shared,
+    s: &ApiState,
     route: &Route,
     request: Request,
     deadline: Instant,
@@ -90,7 +90,7 @@ async fn accept(
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let command = Command {
+    let command = KeyedRequest {
         route: route.name.clone(),
         tenant,
         key,
@@ -106,9 +106,9 @@ async fn accept(
             if let Some(verdict) = s.gate.look_up(&checked).await {
                 return Ok(answer(verdict));
             }
-            let message = checked.outgoing();
+            let message = checked.publication();
             match tokio::time::timeout_at(deadline, destination.publish(&message)).await {
-                Ok(Ok(())) => answer(Verdict::Accepted {
+                Ok(Ok(())) => answer(Reply::Accepted {
                     key: checked.identity().key.as_str().to_string(),
                     replayed: false,
                 }),
@@ -122,7 +122,7 @@ async fn accept(
 /// Sync routes: the engine decides in a task of its own, which finishes
 /// and stores the outcome even if this request times out or its client
 /// goes away.
-async fn run(s: &Shared, checked: Checked, deadline: Instant) -> Response {
+async fn run(s: &ApiState, checked: Checked, deadline: Instant) -> Response {
     let gate = s.gate.clone();
     let work = s.tasks.spawn(async move { gate.decide(checked).await });
     match tokio::time::timeout_at(deadline, work).await {

@@ -1,7 +1,7 @@
 //! The API as one service: built from the settings (keys, secrets, broker
 //! clients, the bound listener), then served until shutdown.
 
-use super::{answer, auth, engine, post, publish, route, serve};
+use super::{answer, auth, decide, post, publish, route, serve};
 use crate::config::{ConfigError, Settings};
 use crate::engine::Pipeline;
 use crate::store::Store;
@@ -64,10 +64,10 @@ impl Api {
             routes.insert(r.name.clone(), route::Route::build(i, r, &publishers)?);
         }
         let tasks = TaskTracker::new();
-        let shared = Arc::new(post::Shared {
+        let shared = Arc::new(post::ApiState {
             routes,
             callers,
-            gate: engine::Gate::new(pipeline, store, &settings.identity)?,
+            gate: decide::Gate::new(pipeline, store, &settings.identity)?,
             in_flight: Arc::new(Semaphore::new(api.max_requests_in_flight)),
             body_limit: settings.identity.max_body_bytes,
             request_timeout: api.request_timeout,
@@ -121,7 +121,7 @@ impl Api {
 }
 
 async fn post_route(
-    state: State<Arc<post::Shared>>,
+    state: State<Arc<post::ApiState>>,
     name: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> axum::response::Response {

@@ -4,9 +4,9 @@
 //! while RabbitMQ is down.
 
 use super::PublishError;
-use crate::api::engine::Outgoing;
 use crate::broker::amqp::{self, Publisher};
 use crate::config::AmqpSettings;
+use crate::transport::http::decide::Publication;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection};
 use tokio::sync::Mutex;
@@ -49,7 +49,7 @@ impl AmqpPublisher {
         &self,
         exchange: &str,
         routing_key: &str,
-        m: &Outgoing,
+        m: &Publication,
     ) -> Result<(), PublishError> {
         let publisher = self.publisher().await?;
         let mut headers = FieldTable::default();

@@ -17,7 +17,7 @@ use std::time::Duration;
 const REPLY_TRIES: u32 = 3;
 
 /// What a batch task needs; shared by all of them.
-pub struct Shared {
+pub struct BatchContext {
     pub pipeline: Arc<dyn Pipeline>,
     pub outbox: Outbox,
     pub ledger: Arc<Ledger>,
@@ -47,7 +47,7 @@ enum Applied {
     Abandoned,
 }
 
-pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
+pub async fn run(shared: Arc<BatchContext>, mut batch: Vec<Held>) -> BatchDone {
     let mut lanes: Vec<Lane> = Vec::new();
     for h in &batch {
         if !lanes.contains(&h.lane) {
@@ -108,7 +108,7 @@ pub async fn run(shared: Arc<Shared>, mut batch: Vec<Held>) -> BatchDone {
     }
 }
 
-async fn apply(shared: &Shared, held: &Held, decision: &Decision) -> Applied {
+async fn apply(shared: &BatchContext, held: &Held, decision: &Decision) -> Applied {
     match &decision.action {
         Action::RetryLater { after } | Action::Postpone { after } => Applied::Retry(*after),
         Action::Commit { reply: None } => Applied::Durable,

@@ -2,10 +2,10 @@
 //! once every in-sync replica has it (`broker::kafka::producer`).
 
 use super::PublishError;
-use crate::api::engine::Outgoing;
 use crate::broker::kafka::{self, headers, Producing};
 use crate::config::KafkaSettings;
 use crate::message::Header;
+use crate::transport::http::decide::Publication;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ impl KafkaPublisher {
 
     /// Keyed by the idempotency key, so every copy of one command lands in
     /// the same partition and is consumed in order.
-    pub async fn send(&self, topic: &str, m: &Outgoing) -> Result<(), PublishError> {
+    pub async fn send(&self, topic: &str, m: &Publication) -> Result<(), PublishError> {
         let list: Vec<Header> = m
             .headers
             .iter()

@@ -1,7 +1,7 @@
 //! From a verdict to the HTTP answer: stored results as stored, replays
 //! marked `Idempotent-Replayed: true`, everything else as a problem.
 
-use super::engine::{Stored, Verdict};
+use super::decide::{Reply, StoredReply};
 use super::problem::Problem;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,15 +15,15 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// How soon to come back after a store outage or an unfinished request.
 pub const SOON: Duration = Duration::from_secs(1);
 
-pub fn answer(verdict: Verdict) -> Response {
+pub fn answer(verdict: Reply) -> Response {
     use StatusCode as S;
     match verdict {
-        Verdict::Stored { result, replayed } => stored(result, replayed),
-        Verdict::Accepted { key, replayed } => {
+        Reply::Stored { result, replayed } => stored(result, replayed),
+        Reply::Accepted { key, replayed } => {
             let body = json!({ "status": "accepted", "idempotency_key": key });
             with_replayed((S::ACCEPTED, axum::Json(body)).into_response(), replayed)
         }
-        Verdict::InFlight { retry_after } => Problem::new(
+        Reply::InFlight { retry_after } => Problem::new(
             S::CONFLICT,
             "request-in-progress",
             "A request with this Idempotency-Key is still being processed",
@@ -31,7 +31,7 @@ pub fn answer(verdict: Verdict) -> Response {
         )
         .retry_after(retry_after)
         .into_response(),
-        Verdict::LeaseLost { retry_after } => Problem::new(
+        Reply::LeaseLost { retry_after } => Problem::new(
             S::CONFLICT,
             "request-in-progress",
             "A request with this Idempotency-Key is being processed elsewhere",
@@ -40,7 +40,7 @@ pub fn answer(verdict: Verdict) -> Response {
         )
         .retry_after(retry_after)
         .into_response(),
-        Verdict::Conflict => Problem::new(
+        Reply::Conflict => Problem::new(
             S::UNPROCESSABLE_ENTITY,
             "key-reused",
             "This Idempotency-Key was already used for a different request",
@@ -48,7 +48,7 @@ pub fn answer(verdict: Verdict) -> Response {
              define the operation; use a new key for a new operation",
         )
         .into_response(),
-        Verdict::Invalid { detail, too_large } => Problem::new(
+        Reply::Invalid { detail, too_large } => Problem::new(
             if too_large {
                 S::PAYLOAD_TOO_LARGE
             } else {
@@ -59,7 +59,7 @@ pub fn answer(verdict: Verdict) -> Response {
             format!("{detail}; fix it and send it again with the same key"),
         )
         .into_response(),
-        Verdict::Released { retry_after } => Problem::new(
+        Reply::Released { retry_after } => Problem::new(
             S::SERVICE_UNAVAILABLE,
             "handler-unavailable",
             "The handler failed temporarily; nothing is stored",
@@ -67,8 +67,8 @@ pub fn answer(verdict: Verdict) -> Response {
         )
         .retry_after(retry_after)
         .into_response(),
-        Verdict::Unknown { retry_after } => unknown(retry_after),
-        Verdict::Unavailable { detail } => Problem::new(
+        Reply::Unknown { retry_after } => unknown(retry_after),
+        Reply::Unavailable { detail } => Problem::new(
             S::SERVICE_UNAVAILABLE,
             "store-unavailable",
             "The idempotency store is unavailable",
@@ -76,7 +76,7 @@ pub fn answer(verdict: Verdict) -> Response {
         )
         .retry_after(SOON)
         .into_response(),
-        Verdict::Paused { retry_after } => Problem::new(
+        Reply::Paused { retry_after } => Problem::new(
             S::SERVICE_UNAVAILABLE,
             "provider-unavailable",
             "The payment provider is in an outage; nothing was done",
@@ -113,7 +113,7 @@ fn unknown(retry_after: Option<Duration>) -> Response {
 
 /// The stored status and body as they were stored. A stored failure with
 /// no HTTP status (retries exhausted on connection errors) answers 502.
-fn stored(result: Stored, replayed: bool) -> Response {
+fn stored(result: StoredReply, replayed: bool) -> Response {
     let status = u16::try_from(result.status)
         .ok()
         .filter(|s| (200..=599).contains(s))

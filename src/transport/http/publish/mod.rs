@@ -9,7 +9,7 @@ pub use amqp::AmqpPublisher;
 pub use kafka::KafkaPublisher;
 
 use super::answer::SOON;
-use super::engine::Outgoing;
+use super::decide::Publication;
 use super::problem::Problem;
 use crate::config::{PublishTarget, Settings};
 use axum::http::StatusCode;
@@ -106,7 +106,7 @@ impl Publishers {
 
 impl Destination {
     /// Returns once the broker confirmed the message.
-    pub async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+    pub async fn publish(&self, message: &Publication) -> Result<(), PublishError> {
         match self {
             Destination::Kafka { publisher, topic } => publisher.send(topic, message).await,
             Destination::Amqp {
