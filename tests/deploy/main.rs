@@ -8,6 +8,7 @@
 mod support;
 
 mod amqp_tls;
+mod architecture;
 mod kafka_sasl;
 mod manifests;
 mod pg_tls;
