@@ -15,19 +15,24 @@ RUN apt-get update \
 WORKDIR /src
 
 # Dependency layer: built from the manifests alone, so a change to dedupq's
-# own code does not rebuild librdkafka and the rest.
+# own code does not rebuild librdkafka and the rest. Every workspace member's
+# manifest is needed (cargo loads the whole workspace); the lab is never
+# built here, its sources stay stubs.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
-    && echo 'fn main() {}' >src/main.rs \
-    && touch src/lib.rs \
-    && cargo build --release --locked --features "${FEATURES}" --bin dedupq \
-    && rm -rf src target/release/.fingerprint/dedupq-* target/release/deps/dedupq-* \
-        target/release/deps/libdedupq-*
+COPY lab/Cargo.toml lab/
+COPY provider/Cargo.toml provider/
+RUN for dir in . lab provider; do \
+        mkdir -p $dir/src && echo 'fn main() {}' >$dir/src/main.rs && touch $dir/src/lib.rs; \
+    done \
+    && cargo build --release --locked --features "${FEATURES}" -p dedupq -p dedupq-provider --bins \
+    && rm -rf src provider/src target/release/.fingerprint/dedupq-* target/release/deps/*dedupq*
 
+# The service and the provider simulator (docker-compose.yml runs it).
 COPY src src
 COPY migrations migrations
-RUN cargo build --release --locked --features "${FEATURES}" --bin dedupq \
-    && cp target/release/dedupq /usr/local/bin/dedupq
+COPY provider/src provider/src
+RUN cargo build --release --locked --features "${FEATURES}" -p dedupq -p dedupq-provider --bins \
+    && cp target/release/dedupq target/release/dedupq-provider /usr/local/bin/
 
 FROM debian:${DEBIAN}-slim
 # libssl3: librdkafka's TLS; libsasl2-2: Kerberos builds; ca-certificates:
@@ -35,7 +40,7 @@ FROM debian:${DEBIAN}-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates libssl3 libsasl2-2 \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=builder /usr/local/bin/dedupq /usr/local/bin/dedupq
+COPY --from=builder /usr/local/bin/dedupq /usr/local/bin/dedupq-provider /usr/local/bin/
 # A numeric user, so Kubernetes can check runAsNonRoot without a passwd file.
 USER 10001:10001
 EXPOSE 9464

@@ -6,8 +6,6 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
-#[doc(hidden)]
-pub mod bench;
 pub mod broker;
 #[doc(hidden)]
 pub mod cli;
@@ -21,11 +19,7 @@ pub mod json;
 mod maintenance;
 pub mod message;
 pub mod metrics;
-#[doc(hidden)]
-pub mod provider;
 pub mod retention;
-#[doc(hidden)]
-pub mod scenario;
 pub mod server;
 pub mod startup;
 pub mod store;

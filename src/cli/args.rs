@@ -23,14 +23,6 @@ pub struct Cli {
 pub enum Command {
     /// Consume the configured Kafka topics and RabbitMQ queues.
     Run,
-    /// Run the payment-provider simulator (charges once per Idempotency-Key).
-    Provider(ProviderArgs),
-    /// The main job end to end: a payment stream with duplicates and a
-    /// crash through Kafka and RabbitMQ into dedupq, then a summary.
-    Demo(ScenarioArgs),
-    /// The fault-injection run: kills, restarts, outages, a misbehaving
-    /// provider; exits non-zero if any invariant breaks.
-    Chaos(ScenarioArgs),
     /// Apply the key-table migrations and exit (as the schema owner; a
     /// runtime role needs only store.migrate = "check").
     Migrate {
@@ -51,9 +43,6 @@ pub enum Command {
         #[command(subcommand)]
         command: super::dlq::DlqCommand,
     },
-    /// Measure throughput, latency and memory against the limits (see
-    /// BENCHMARKS.md); needs PostgreSQL, Kafka and RabbitMQ.
-    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,68 +149,4 @@ pub struct OutputArg {
     /// json otherwise.
     #[arg(long, value_enum)]
     pub output: Option<super::output::Format>,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ProviderArgs {
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub listen: std::net::SocketAddr,
-    /// Schema for the simulator's charges, in the database of store.url.
-    #[arg(long, default_value = "dedupq_provider")]
-    pub schema: String,
-    /// Delay between recording a charge and answering (e.g. 300ms).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
-    pub latency: std::time::Duration,
-    /// Share of requests answered 503 before charging (0..1).
-    #[arg(long, default_value_t = 0.0)]
-    pub fail_rate: f64,
-    /// Share of charges declined with 402 (0..1).
-    #[arg(long, default_value_t = 0.0)]
-    pub decline_rate: f64,
-    /// Share of requests that charge and then never answer (0..1).
-    #[arg(long, default_value_t = 0.0)]
-    pub hang_after_charge_rate: f64,
-    /// Charge on every request, ignoring Idempotency-Key.
-    #[arg(long)]
-    pub ignore_keys: bool,
-    /// How a repeated key's body is compared with the first: json
-    /// (canonical JSON) or bytes (any byte difference answers 422).
-    #[arg(long, value_enum, default_value = "json")]
-    pub compare: crate::provider::Compare,
-    /// How long a slow request runs after charging before it answers (see
-    /// --slow-after-charge-rate).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
-    pub slow_after_charge: std::time::Duration,
-    /// Share of requests that charge, then answer only after
-    /// --slow-after-charge (0..1); a repeat meanwhile gets 409.
-    #[arg(long, default_value_t = 0.0)]
-    pub slow_after_charge_rate: f64,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ScenarioArgs {
-    /// demo, ci, hostile (poison on both transports and a hostile provider, no service restarts), dependencies (PostgreSQL read-only, timing out and row-locked, a provider failing after it charged and in an outage, a process frozen past its lease; no service restarts), long, or broken (short, for builds with a guarantee switched off).
-    #[arg(long)]
-    pub profile: Option<String>,
-    #[command(flatten)]
-    pub brokers: BrokerArgs,
-    /// The script that restarts PostgreSQL and Kafka during chaos runs.
-    #[arg(long, default_value = "scripts/services")]
-    pub services: PathBuf,
-    /// Logs of the processes of the run.
-    #[arg(long, default_value = "/var/tmp/dedupq-scenarios")]
-    pub workdir: PathBuf,
-}
-
-/// Where the brokers are, for commands that publish and consume themselves.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BrokerArgs {
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub brokers: String,
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    pub amqp_url: String,
 }

@@ -6,7 +6,7 @@ mod dlq;
 mod keys;
 mod output;
 
-pub use args::{BrokerArgs, Cli, Command, KeysCommand, ProviderArgs, ScenarioArgs};
+pub use args::{Cli, Command, KeysCommand};
 pub use dlq::{run_dlq, DlqCommand};
 pub use keys::run_keys;
 pub use output::Format;

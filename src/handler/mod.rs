@@ -274,7 +274,7 @@ use std::sync::Arc;
 
 /// The handler the configuration names, its `handler.lookup_url` checked
 /// ([`HttpHandler::check_lookup`]). `payment` is `http` aimed at the
-/// bundled provider simulator (`dedupq provider`).
+/// bundled provider simulator (`dedupq-provider`).
 pub async fn from_settings(
     settings: &HandlerSettings,
 ) -> Result<Arc<dyn Handler>, HttpHandlerError> {

@@ -1,8 +1,8 @@
 use crate::support;
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
-use dedupq::provider::Knobs;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 4200, "currency": "EUR", "recipient": "acct-1"}"#;

@@ -2,8 +2,8 @@ use crate::support;
 use crate::support::amqp;
 use crate::support::process::{base_config, Dedupq, Provider};
 use dedupq::config::SecretUrl;
-use dedupq::provider::Knobs;
 use dedupq::transport::amqp::QueueType;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 #[tokio::test]

@@ -11,8 +11,8 @@ use crate::support::raw_amqp::{
     self, death_reason, publish_raw, take_all, FieldValue, RawDelivery, RawProperties,
 };
 use crate::support::{eventually, isolated_store};
-use dedupq::provider::Knobs;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq_provider::Knobs;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ use crate::common::{body, status, with_kafka, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

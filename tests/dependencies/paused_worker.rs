@@ -8,7 +8,7 @@ use crate::common::{body, set, with_kafka, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::process::Command;
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
     for k in 0..N {
         let key = format!("pay-{k}");
         let charges = provider.charges_for(&format!("{TENANT}:{key}")).await;
-        let by_a = |c: &&dedupq::provider::Charge| c.owner.as_deref() == Some("worker-a");
+        let by_a = |c: &&dedupq_provider::Charge| c.owner.as_deref() == Some("worker-a");
         late.extend(
             charges
                 .iter()

@@ -10,7 +10,7 @@ use crate::support::kafka::{self, headers, produce};
 use crate::support::pg_faults::FaultyRole;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 /// Longer than the test's lease (3 s): the lease must survive it.

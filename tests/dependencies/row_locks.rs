@@ -9,7 +9,7 @@ use crate::support::kafka::{self, headers, produce};
 use crate::support::pg_faults::{FaultyRole, RowLock};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const LOCKED_FOR: Duration = Duration::from_secs(8);

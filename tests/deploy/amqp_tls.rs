@@ -6,8 +6,8 @@ use crate::support::endpoints::endpoints;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self};
 use dedupq::config::SecretUrl;
-use dedupq::provider::Knobs;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 /// `dedupq run` consuming fresh queues over amqps, trusting `ca`.

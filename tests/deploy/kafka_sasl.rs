@@ -5,7 +5,7 @@
 use crate::support::endpoints::{endpoints, Endpoints};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self, kafka, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};

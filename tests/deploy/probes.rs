@@ -5,7 +5,7 @@
 use crate::support::process::{base_config, free_port, Dedupq, Provider};
 use crate::support::{self, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 

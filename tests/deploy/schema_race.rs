@@ -6,7 +6,7 @@
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

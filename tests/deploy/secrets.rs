@@ -7,7 +7,7 @@ use crate::roles::RuntimeRole;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self, unique};
 use dedupq::config::Settings;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -11,8 +11,8 @@ use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{cli, eventually, isolated_store, kafka, unique};
 use dedupq::config::HandlerSettings;
 use dedupq::handler::HttpHandler;
-use dedupq::provider::Knobs;
 use dedupq::store::{KeyRow, KeyStatus};
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

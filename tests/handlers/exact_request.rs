@@ -9,8 +9,8 @@ use crate::support::http_handler;
 use crate::support::payments::{amqp::AmqpPayments, KafkaPayments, Setup};
 use crate::support::process::Provider;
 use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, HttpHandler, Request};
-use dedupq::provider::{Charge, Compare, Knobs};
 use dedupq::store::KeyStatus;
+use dedupq_provider::{Charge, Compare, Knobs};
 use std::time::Duration;
 
 const BODY: &[u8] = br#"{"z":1,  "amount":10.000000000000001, "big":18446744073709551616,

@@ -11,8 +11,8 @@ use crate::support::payments::{
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, http_handler, isolated_store, unique};
 use dedupq::engine::Outcome;
-use dedupq::provider::{Compare, Knobs};
 use dedupq::store::{KeyRow, KeyStatus, Store};
+use dedupq_provider::{Compare, Knobs};
 use std::time::Duration;
 
 const FIRST: &[u8] = br#"{"amount":900,"currency":"EUR","sent_at":"2026-05-01T10:00:00Z"}"#;

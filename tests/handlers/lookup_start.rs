@@ -7,8 +7,8 @@
 use crate::support::isolated_store;
 use crate::support::process::{free_port, Provider};
 use dedupq::config::{HandlerSettings, HttpSettings, Settings, StoreSettings};
-use dedupq::provider::Knobs;
 use dedupq::startup::Application;
+use dedupq_provider::Knobs;
 
 fn settings(store: StoreSettings, provider: &Provider, lookup_url: String) -> Settings {
     Settings {

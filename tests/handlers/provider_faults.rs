@@ -1,8 +1,8 @@
 use crate::support::{self, process::Provider};
 use dedupq::engine::{Action, Outcome};
 use dedupq::handler::{Handler, HandlerCall, HttpHandler};
-use dedupq::provider::{Knobs, DECLINED_CARD};
 use dedupq::store::KeyStatus;
+use dedupq_provider::{Knobs, DECLINED_CARD};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 use crate::support::{self, process::Provider};
 use dedupq::engine::Outcome;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

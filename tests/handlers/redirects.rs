@@ -9,8 +9,8 @@ use crate::support::payments::{kafka_process_config, readyz, KafkaPayments, Setu
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
 use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, HandlerResult};
-use dedupq::provider::Knobs;
 use dedupq::store::{KeyRow, KeyStatus};
+use dedupq_provider::Knobs;
 use serde_json::json;
 
 const BODY: &[u8] = br#"{"amount":300,"currency":"EUR"}"#;

@@ -1,5 +1,5 @@
 use crate::support::process::Provider;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

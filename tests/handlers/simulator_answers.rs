@@ -3,7 +3,7 @@
 
 use crate::support::process::Provider;
 use crate::support::provider_api::no_redirects;
-use dedupq::provider::{Knobs, OddAnswer, STATUS_ANSWERS};
+use dedupq_provider::{Knobs, OddAnswer, STATUS_ANSWERS};
 use serde_json::json;
 
 const JSON: &str = "application/json";

@@ -2,7 +2,7 @@
 
 use crate::support::process::Provider;
 use dedupq::fingerprint::hex;
-use dedupq::provider::{Compare, Knobs};
+use dedupq_provider::{Compare, Knobs};
 use sha2::{Digest, Sha256};
 
 const JSON: &str = "application/json";

@@ -2,7 +2,7 @@
 //! key, forgetting keys, and per-key counts to compare with dedupq's keys.
 
 use crate::support::process::Provider;
-use dedupq::provider::{Knobs, DECLINED_CARD};
+use dedupq_provider::{Knobs, DECLINED_CARD};
 use serde_json::json;
 use std::time::Duration;
 

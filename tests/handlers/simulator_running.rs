@@ -3,7 +3,7 @@
 
 use crate::support::process::Provider;
 use crate::support::{eventually, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

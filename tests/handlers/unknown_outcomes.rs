@@ -10,8 +10,8 @@ use crate::support::http_handler;
 use crate::support::payments::{KafkaPayments, Setup};
 use crate::support::process::Provider;
 use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, HttpHandler};
-use dedupq::provider::Knobs;
 use dedupq::store::{KeyRow, KeyStatus};
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const KEY: &str = "hung-1";

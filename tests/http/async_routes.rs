@@ -8,7 +8,7 @@ use crate::support::kafka;
 use crate::support::process::Provider;
 use crate::support::{eventually, unique};
 use dedupq::config::{AmqpSettings, QueueType, RouteSettings, SecretUrl};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

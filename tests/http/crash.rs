@@ -4,7 +4,7 @@
 use crate::harness::{keys_file, scratch, wait_listening, Reply, ACME_KEY};
 use crate::support::process::{base_config, free_port, Dedupq, Provider};
 use crate::support::{eventually, isolated_store};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ const BODY: &str = r#"{"amount": 100, "currency": "RUB", "recipient": "shop-1"}"
 /// until it gets an answer.
 async fn charges_after_a_crash_and_a_retry(
     honour_keys: bool,
-) -> (Vec<dedupq::provider::Charge>, Reply) {
+) -> (Vec<dedupq_provider::Charge>, Reply) {
     let provider = Provider::start(Knobs {
         honour_keys,
         // The first call charges and never answers: the kill lands there.

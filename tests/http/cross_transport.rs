@@ -7,7 +7,7 @@ use crate::support::kafka::{self, headers, produce};
 use crate::support::process::Provider;
 use crate::support::{eventually, unique};
 use dedupq::config::QueueType;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 990, "currency": "EUR", "recipient": "acct-7"}"#;

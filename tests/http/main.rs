@@ -8,7 +8,6 @@ mod support;
 mod harness;
 
 mod async_routes;
-mod bench;
 mod config;
 mod crash;
 mod cross_transport;

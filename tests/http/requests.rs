@@ -5,7 +5,7 @@
 use crate::harness::{client, App, Reply, ACME_KEY};
 use crate::support::count_rows;
 use crate::support::process::{metric_value, Provider};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 use crate::harness::App;
 use crate::support::pg_faults::RowLock;
 use crate::support::process::Provider;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 100, "currency": "EUR", "recipient": "shop-1"}"#;

@@ -4,7 +4,7 @@
 use crate::harness::{App, GLOBEX_KEY};
 use crate::support::eventually;
 use crate::support::process::Provider;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

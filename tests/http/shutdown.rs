@@ -3,7 +3,7 @@
 use crate::harness::App;
 use crate::support::eventually;
 use crate::support::process::Provider;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

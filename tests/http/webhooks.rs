@@ -5,7 +5,7 @@ use crate::harness::{client, secret_file, App, Reply};
 use crate::support::count_rows;
 use crate::support::process::Provider;
 use dedupq::config::RouteSettings;
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::path::Path;

@@ -9,8 +9,8 @@ use crate::support::kafka::{self, Running};
 use crate::support::kafka_raw::{produce_raw, read_raw};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{engine, fast_options, isolated_store, unique};
-use dedupq::provider::Knobs;
 use dedupq::transport::envelope::header as h;
+use dedupq_provider::Knobs;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -5,7 +5,7 @@ use crate::common::{body, with_kafka, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
 

@@ -8,8 +8,8 @@ use crate::support::kafka::{self, produce};
 use crate::support::kafka_raw::read_raw;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{isolated_store, unique};
-use dedupq::provider::Knobs;
 use dedupq::transport::envelope::header as h;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const EXIT_WITHIN: Duration = Duration::from_secs(60);

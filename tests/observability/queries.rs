@@ -16,7 +16,7 @@
 
 use crate::prometheus::Prometheus;
 use crate::support::{self, kafka, process};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::path::Path;
 use std::time::Duration;
 

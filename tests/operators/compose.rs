@@ -198,3 +198,44 @@ fn compose_hands_dedupq_and_the_migrate_job_the_secret_files_their_configuration
         );
     }
 }
+
+#[test]
+fn the_image_holds_every_program_compose_runs_and_builds_with_every_workspace_member() {
+    let compose: serde_yaml::Value = serde_yaml::from_str(&repo("docker-compose.yml")).unwrap();
+    let dockerfile = repo("Dockerfile");
+    let image = format!("dedupq:{}", env!("CARGO_PKG_VERSION"));
+    let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let installed = |program: &str| {
+        final_stage
+            .lines()
+            .filter(|l| l.starts_with("COPY --from=builder"))
+            .any(|l| l.contains(&format!("/usr/local/bin/{program} ")))
+    };
+    let entrypoint = final_stage
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+        .expect("the image has an entrypoint");
+    for (name, service) in compose["services"].as_mapping().unwrap() {
+        if service["image"].as_str() != Some(image.as_str()) {
+            continue;
+        }
+        let program = match service["entrypoint"][0].as_str() {
+            Some(program) => program.to_string(),
+            None => serde_json::from_str::<Vec<String>>(entrypoint).unwrap()[0].clone(),
+        };
+        assert!(
+            installed(&program),
+            "{name:?} runs {program}, not in the image"
+        );
+    }
+    let manifest: toml::Table = repo("Cargo.toml").parse().unwrap();
+    for member in manifest["workspace"]["members"].as_array().unwrap() {
+        let member = member.as_str().unwrap();
+        if member != "." {
+            assert!(
+                dockerfile.contains(&format!("COPY {member}/Cargo.toml")),
+                "the dependency layer needs {member}/Cargo.toml"
+            );
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! written to a terminal.
 
 use crate::support::{self, cli, eventually, process};
-use dedupq::provider::Knobs;
+use dedupq_provider::Knobs;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 

@@ -8,8 +8,8 @@ use crate::support::payments::{self, WAIT};
 use crate::support::process::Provider;
 use crate::support::{cli, eventually, http_handler, isolated_store};
 use dedupq::engine::{Engine, Outcome};
-use dedupq::provider::Knobs;
 use dedupq::store::Store;
+use dedupq_provider::Knobs;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! counts keys; SIGKILL it and the other takes over.
 
 use crate::support::{self, process::Dedupq, process::Provider};
-use dedupq::provider::Knobs;
 use dedupq::store::Store;
+use dedupq_provider::Knobs;
 use std::time::Duration;
 
 /// Finished rows completed three hours ago: past `retention.keep` below.

@@ -3,7 +3,7 @@
 
 use super::unique;
 use dedupq::config::StoreSettings;
-use dedupq::provider::{Charge, Knobs, Stats};
+use dedupq_provider::{Charge, Knobs, Stats};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -359,7 +359,7 @@ impl Provider {
         let schema = unique("prov");
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            dedupq::provider::serve(listener, &super::database_url(), &schema, knobs, stop)
+            dedupq_provider::serve(listener, &super::database_url(), &schema, knobs, stop)
                 .await
                 .expect("provider serves");
         });

@@ -2,7 +2,7 @@
 //! raw charge requests, the lookup, forgetting keys, per-key counts.
 
 use super::process::Provider;
-use dedupq::provider::KeyCharges;
+use dedupq_provider::KeyCharges;
 use std::time::Duration;
 
 /// A client that never follows redirects, as dedupq's must not.

@@ -1,0 +1,222 @@
+//! (f) The HTTP API's sync route (claim, instant handler, store, answer)
+//! under concurrent keep-alive clients, beside the same handler behind a
+//! plain HTTP route without dedupq. Load generator and server share this
+//! process (and its CPUs), the same way in both rows.
+
+use super::case::{Job, Measured};
+use super::service::{FastHandler, CASE_LIMIT};
+use super::stats::{peak_rss_kb, percentiles, usage};
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use dedupq::config::{RouteSettings, SecretUrl, Settings};
+use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, Request};
+use dedupq::identity::{Epoch, IdempotencyKey, Identity, Tenant};
+use dedupq::message::Source;
+use dedupq::startup::Application;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const API_KEY: &str = "sk_bench_0123456789abcdef";
+
+pub async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Result<Measured> {
+    let clients = job.case.partitions.max(1) as usize;
+    let handler = Arc::new(FastHandler::default());
+    let stop = CancellationToken::new();
+    let addr = if dedupq {
+        serve_dedupq(job, base, handler.clone(), stop.clone()).await?
+    } else {
+        serve_direct(handler.clone(), stop.clone()).await?
+    };
+    let url = format!("http://{addr}/v1/bench");
+    // One request per client first: connections open, pools warm.
+    load(&url, clients, clients, "warm").await?;
+    let (seconds, latencies) = load(&url, clients, job.expected, "run").await?;
+    stop.cancel();
+    let calls = handler.calls.load(Ordering::Relaxed);
+    anyhow::ensure!(
+        calls == job.expected + clients,
+        "{calls} handler calls for {} requests",
+        job.expected + clients
+    );
+    Ok(Measured {
+        messages: job.expected,
+        seconds,
+        latency: percentiles(latencies),
+        peak_rss_kb: peak_rss_kb(),
+        notes: vec![
+            format!("{clients} concurrent clients; handler calls {calls}; latency = one request's round trip"),
+            usage(),
+        ],
+    })
+}
+
+/// The whole service as `dedupq run` builds it, with `[api]` on.
+async fn serve_dedupq(
+    job: &Job,
+    base: &Settings,
+    handler: Arc<FastHandler>,
+    stop: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let keys = job.log_path.with_extension("keys.toml");
+    std::fs::write(&keys, format!("\"{API_KEY}\" = \"bench\"\n"))?;
+    let mut s = base.clone();
+    s.store.url = SecretUrl::new(job.database_url.clone());
+    s.store.schema = Some(job.schema.clone());
+    s.http.listen = ([127, 0, 0, 1], 0).into();
+    s.api.enabled = true;
+    s.api.listen = free_local_addr()?;
+    s.api.keys_file = Some(keys);
+    s.api.routes = vec![toml::from_str::<RouteSettings>("name = \"bench\"")?];
+    s.validate()?;
+    let addr = s.api.listen;
+    let app = Application::build_with_handler(s, handler).await?;
+    let token = app.shutdown_token();
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        token.cancel();
+    });
+    tokio::spawn(app.run_until_stopped());
+    wait_listening(addr).await?;
+    Ok(addr)
+}
+
+/// The same handler behind a bare route: parse the JSON body, call it,
+/// answer its result. No key table, no authentication.
+async fn serve_direct(
+    handler: Arc<FastHandler>,
+    stop: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let router = axum::Router::new()
+        .route("/v1/bench", axum::routing::post(direct))
+        .with_state(handler);
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    Ok(addr)
+}
+
+async fn direct(
+    State(handler): State<Arc<FastHandler>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (Ok(_), Some(key)) = (
+        dedupq::json::parse(&body),
+        headers.get("idempotency-key").map(|k| k.as_bytes()),
+    ) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let (Ok(tenant), Ok(key)) = (Tenant::parse(b"bench"), IdempotencyKey::parse(key)) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let identity = Identity { tenant, key };
+    let source = Source::Direct { id: 0 };
+    let call = HandlerCall {
+        identity: &identity,
+        derived_key: &identity.derived_key(),
+        request: Request {
+            body: &body,
+            content_type: Some("application/json"),
+        },
+        headers: &[],
+        attempt: 1,
+        epoch: Epoch(1),
+        owner: "bench-direct",
+        lease_deadline: chrono::Utc::now(),
+        source: &source,
+        uncertain: false,
+    };
+    match handler.handle(&call).await {
+        HandlerOutcome::Success(r) => {
+            let status = StatusCode::from_u16(r.status as u16).unwrap_or(StatusCode::OK);
+            (status, r.body).into_response()
+        }
+        _ => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+/// `total` POSTs with distinct keys over `clients` keep-alive connections;
+/// returns the seconds they took and each one's latency (ms).
+async fn load(
+    url: &str,
+    clients: usize,
+    total: usize,
+    tag: &str,
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .tcp_nodelay(true)
+        .timeout(CASE_LIMIT)
+        .build()?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let nonce: u32 = rand::random();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, next, url, tag) = (
+                client.clone(),
+                next.clone(),
+                url.to_string(),
+                tag.to_string(),
+            );
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, anyhow::Error>(samples);
+                    }
+                    let body = format!(
+                        r#"{{"amount":{},"currency":"EUR","recipient":"acct-{i}"}}"#,
+                        100 + i % 900
+                    );
+                    let t = Instant::now();
+                    let r = client
+                        .post(&url)
+                        .bearer_auth(API_KEY)
+                        .header("idempotency-key", format!("{tag}-{nonce:08x}-{i}"))
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await?;
+                    let status = r.status();
+                    r.bytes().await?;
+                    anyhow::ensure!(status == StatusCode::OK, "request {i} answered {status}");
+                    samples.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(total);
+    for w in workers {
+        latencies.extend(w.await.context("load client")??);
+    }
+    Ok((started.elapsed().as_secs_f64(), latencies))
+}
+
+fn free_local_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+async fn wait_listening(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the API did not listen on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

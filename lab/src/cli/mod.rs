@@ -1,0 +1,7 @@
+//! The `dedupq-lab` command line and what each subcommand runs.
+
+mod args;
+mod run;
+
+pub use args::{BrokerArgs, Cli, Command, ScenarioArgs};
+pub use run::run;

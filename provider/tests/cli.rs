@@ -1,0 +1,36 @@
+//! The `dedupq-provider` binary refuses to start with settings it cannot
+//! use, naming them.
+
+use std::process::Command;
+
+#[test]
+fn a_rate_outside_zero_to_one_stops_the_simulator_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupq-provider"))
+        .args(["--listen", "127.0.0.1:0", "--slow-after-charge-rate", "2"])
+        .output()
+        .expect("run dedupq-provider");
+
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--slow-after-charge-rate"), "{stderr}");
+}
+
+#[test]
+fn the_readme_provider_commands_exist_and_parse() {
+    use clap::Parser;
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let commands: Vec<&str> = text
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .flat_map(str::lines)
+        .filter(|l| l.starts_with("dedupq-provider"))
+        .collect();
+    assert!(!commands.is_empty(), "the README shows dedupq-provider");
+    for line in commands {
+        let words = line.split('#').next().unwrap().split_whitespace();
+        dedupq_provider::Args::try_parse_from(words)
+            .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
+    }
+}
