@@ -48,7 +48,7 @@ impl Backoff {
 
 /// Why a wait for an outage ended without success.
 #[derive(Debug)]
-pub enum Gave<E> {
+pub(crate) enum Gave<E> {
     /// The error is not one that waiting cures.
     Up(E),
     /// Asked to stop; the last error is kept.
@@ -57,7 +57,7 @@ pub enum Gave<E> {
 
 impl<E> Gave<E> {
     /// The last error, however the wait ended.
-    pub fn into_inner(self) -> E {
+    pub(crate) fn into_inner(self) -> E {
         match self {
             Gave::Up(e) | Gave::Stopped(e) => e,
         }
@@ -67,7 +67,7 @@ impl<E> Gave<E> {
 /// Runs `op` until it succeeds; while it fails with an error `waitable`
 /// accepts, reports it through `on_wait(error, attempt, delay)` and tries
 /// again after a backoff. A stop signal ends the wait between tries.
-pub async fn wait_out<T, E, F, Fut>(
+pub(crate) async fn wait_out<T, E, F, Fut>(
     backoff: Backoff,
     stop: &CancellationToken,
     waitable: impl Fn(&E) -> bool,

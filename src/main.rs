@@ -1,3 +1,5 @@
+//! `dedupq`: the service (`dedupq run`) and its operator commands.
+
 use clap::Parser;
 use dedupq::cli::{run_dlq, run_keys, Cli, Command};
 use dedupq::config::Settings;

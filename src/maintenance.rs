@@ -31,7 +31,7 @@ const LOCK_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A lock check slower than this counts as a lost connection.
 const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn run(
+pub(crate) async fn run(
     store: Store,
     retention: RetentionSettings,
     metrics: Metrics,

@@ -19,7 +19,7 @@ struct AppState {
 /// The operator endpoints: `/metrics` (Prometheus text), `/healthz` (200
 /// while the process lives) and `/readyz` (200 when [`Health::ready`], else
 /// 503; the body lists each component's state, reason and stalled lanes).
-pub fn router(metrics: Metrics, health: Health) -> Router {
+pub(crate) fn router(metrics: Metrics, health: Health) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -29,7 +29,7 @@ pub fn router(metrics: Metrics, health: Health) -> Router {
 
 /// Serves [`router`] on `listener` until `shutdown` is cancelled, then lets
 /// open requests finish.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Metrics,
     health: Health,

@@ -20,7 +20,7 @@ impl IntoResponse for Answer {
     }
 }
 
-pub fn error(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> Response {
     (
         status,
         Json(json!({ "error": code, "detail": detail.to_string() })),
@@ -29,7 +29,7 @@ pub fn error(status: StatusCode, code: &str, detail: impl std::fmt::Display) -> 
 }
 
 /// The answer to a fresh charge: 201 with the charge, or an odd body.
-pub fn charged(
+pub(crate) fn charged(
     id: i64,
     body: &Value,
     key: Option<&str>,
@@ -62,7 +62,7 @@ pub fn charged(
 }
 
 /// The answer to a declined card, kept and replayed as it was sent.
-pub fn declined() -> Answer {
+pub(crate) fn declined() -> Answer {
     let body = json!({ "error": "card_declined", "detail": "the card was declined" });
     Answer {
         status: 402,
@@ -72,7 +72,7 @@ pub fn declined() -> Answer {
 }
 
 /// The 5xx a request gets after it charged (`error_after_charge`).
-pub fn after_charge_error(status: u16) -> Answer {
+pub(crate) fn after_charge_error(status: u16) -> Answer {
     let body = json!({ "error": "internal", "detail": "the provider failed after charging" });
     Answer {
         status,
@@ -84,7 +84,7 @@ pub fn after_charge_error(status: u16) -> Answer {
 /// A status answered instead of charging: a redirect to the charge
 /// listing (which a client that follows it turns into a GET, or a second
 /// POST on 307/308), or a configuration fault.
-pub fn instead_of_charging(status: u16, request: &HeaderMap) -> Response {
+pub(crate) fn instead_of_charging(status: u16, request: &HeaderMap) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = error(
         code,

@@ -56,14 +56,14 @@ pub enum LedgerError {
 
 /// An answer as sent: its status, content type and bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub status: u16,
     pub content_type: String,
     pub body: Vec<u8>,
 }
 
 /// What an earlier request with the same key left behind.
-pub enum Existing {
+pub(crate) enum Existing {
     Pending,
     Finished {
         body_hash: String,
@@ -73,7 +73,7 @@ pub enum Existing {
 }
 
 /// Who asked.
-pub struct Caller<'a> {
+pub(crate) struct Caller<'a> {
     pub key: Option<&'a str>,
     pub tenant: Option<&'a str>,
     pub owner: Option<&'a str>,
@@ -81,7 +81,7 @@ pub struct Caller<'a> {
 }
 
 /// One charge request as received.
-pub struct Received<'a> {
+pub(crate) struct Received<'a> {
     pub caller: Caller<'a>,
     pub bytes: &'a [u8],
     pub content_type: Option<&'a str>,
@@ -94,12 +94,12 @@ pub struct Received<'a> {
 }
 
 #[derive(Clone)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     pub(super) pool: PgPool,
 }
 
 impl Ledger {
-    pub async fn open(pool: PgPool) -> Result<Self, LedgerError> {
+    pub(crate) async fn open(pool: PgPool) -> Result<Self, LedgerError> {
         let old: bool = sqlx::query_scalar(
             "SELECT to_regclass('provider_charges') IS NOT NULL AND NOT EXISTS ( \
                SELECT 1 FROM pg_attribute \
@@ -117,7 +117,7 @@ impl Ledger {
     /// Records a charge unless the key is remembered, under a per-key lock
     /// so two concurrent requests with one key cannot both charge. Returns
     /// the new charge id, or what the key already has.
-    pub async fn charge_once(
+    pub(crate) async fn charge_once(
         &self,
         key: &str,
         received: &Received<'_>,
@@ -145,7 +145,7 @@ impl Ledger {
     }
 
     /// Records a charge with no idempotency check at all.
-    pub async fn charge_always(
+    pub(crate) async fn charge_always(
         &self,
         received: &Received<'_>,
         declined: Option<&Answer>,
@@ -156,7 +156,7 @@ impl Ledger {
 
     /// Marks a charge succeeded with the answer it gives (or would have
     /// given, had its caller waited).
-    pub async fn succeed(&self, id: i64, answer: &Answer) -> Result<(), sqlx::Error> {
+    pub(crate) async fn succeed(&self, id: i64, answer: &Answer) -> Result<(), sqlx::Error> {
         sqlx::query(
             "UPDATE provider_charges SET state = 'succeeded', response = $2, response_type = $3, \
              response_status = $4 WHERE id = $1",
@@ -171,7 +171,7 @@ impl Ledger {
     }
 
     /// Notes that a charge's answer is being sent to a caller still there.
-    pub async fn mark_answered(&self, id: i64) -> Result<(), sqlx::Error> {
+    pub(crate) async fn mark_answered(&self, id: i64) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE provider_charges SET answered_at = now() WHERE id = $1")
             .bind(id)
             .execute(&self.pool)
@@ -182,7 +182,7 @@ impl Ledger {
     /// Forgets every key (as a provider does after its retention, often
     /// 24 h): charges stay, a repeated key charges again. Returns how many
     /// charges were remembered.
-    pub async fn forget_keys(&self) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn forget_keys(&self) -> Result<u64, sqlx::Error> {
         let done = sqlx::query("UPDATE provider_charges SET remembered = false WHERE remembered")
             .execute(&self.pool)
             .await?;

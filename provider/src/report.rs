@@ -35,7 +35,7 @@ pub struct Charge {
 }
 
 /// What a retry of a key would be answered, for `GET /charges/lookup`.
-pub enum Lookup {
+pub(crate) enum Lookup {
     Unknown,
     Running,
     Finished(Answer),
@@ -75,7 +75,7 @@ pub struct ChargeState {
 }
 
 impl Ledger {
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         key: Option<&str>,
         tenant: Option<&str>,
@@ -95,7 +95,7 @@ impl Ledger {
     }
 
     /// What the first remembered charge with `key` would answer a retry.
-    pub async fn lookup(&self, key: &str) -> Result<Lookup, sqlx::Error> {
+    pub(crate) async fn lookup(&self, key: &str) -> Result<Lookup, sqlx::Error> {
         let row = sqlx::query(
             "SELECT state, response, response_type, response_status FROM provider_charges \
              WHERE idempotency_key = $1 AND remembered ORDER BY id LIMIT 1",
@@ -110,7 +110,7 @@ impl Ledger {
         })
     }
 
-    pub async fn stats(&self) -> Result<Stats, sqlx::Error> {
+    pub(crate) async fn stats(&self) -> Result<Stats, sqlx::Error> {
         let row = sqlx::query(
             "SELECT count(*) FILTER (WHERE state <> 'declined') AS charges, \
                     count(*) FILTER (WHERE state = 'declined') AS declined, \
@@ -131,7 +131,7 @@ impl Ledger {
     }
 
     /// Every idempotency key (of `tenant`, if given) with its charges.
-    pub async fn per_key(&self, tenant: Option<&str>) -> Result<Vec<KeyCharges>, sqlx::Error> {
+    pub(crate) async fn per_key(&self, tenant: Option<&str>) -> Result<Vec<KeyCharges>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT idempotency_key, \
                     count(*) FILTER (WHERE state <> 'declined') AS charged, \

@@ -1,7 +1,7 @@
 //! The name an operator action is recorded under.
 
 /// `--actor`, then `$USER`, then the host name, then "unknown".
-pub fn resolve(explicit: Option<&str>) -> String {
+pub(super) fn resolve(explicit: Option<&str>) -> String {
     let non_empty = |s: String| {
         let s = s.trim().to_string();
         (!s.is_empty()).then_some(s)

@@ -21,12 +21,12 @@ impl Format {
 }
 
 /// A row that can be printed either way.
-pub trait Row: Serialize {
+pub(super) trait Row: Serialize {
     const COLUMNS: &'static [&'static str];
     fn cells(&self) -> Vec<String>;
 }
 
-pub fn print<R: Row>(format: Format, rows: &[R], out: &mut impl Write) -> anyhow::Result<()> {
+pub(super) fn print<R: Row>(format: Format, rows: &[R], out: &mut impl Write) -> anyhow::Result<()> {
     match format {
         Format::Json => {
             for row in rows {
@@ -62,7 +62,7 @@ fn write_line(out: &mut impl Write, cells: &[String], widths: &[usize]) -> std::
 
 /// Text fit for one table cell: control characters (a terminal escape in
 /// a hostile header, a newline) shown escaped, long values shortened.
-pub fn cell(text: &str, max: usize) -> String {
+pub(super) fn cell(text: &str, max: usize) -> String {
     let escaped: String = text.chars().flat_map(char::escape_debug).collect();
     if escaped.chars().count() <= max {
         return escaped;

@@ -4,7 +4,7 @@
 use crate::config::{redact_url, ConfigError, Settings, TenantSource};
 use crate::identity::Tenant;
 
-pub fn validate(s: &Settings) -> Result<(), ConfigError> {
+pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     s.store.validate()?;
     check_handler(s)?;
     check_engine(s)?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// What a hidden value is replaced with.
-pub const HIDDEN: &str = "***";
+pub(super) const HIDDEN: &str = "***";
 
 /// A URL that may hold credentials (user info, or a `password`-like query
 /// parameter such as PostgreSQL's `?password=`). Debug and Display never
@@ -83,7 +83,7 @@ pub fn is_secret_name(name: &str) -> bool {
 }
 
 /// A copy of librdkafka properties with the secret values hidden.
-pub fn redact_client(client: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+pub(super) fn redact_client(client: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     client
         .iter()
         .map(|(k, v)| {

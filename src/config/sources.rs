@@ -22,14 +22,14 @@ const CLIENT_FILES_PREFIX: &str = "DEDUPQ__KAFKA__CLIENT_FILES__";
 
 /// Whether a `DEDUPQ__…` variable (without the prefix) is handled here
 /// rather than by the generic `section__field` mapping.
-pub fn is_client_variable(key_after_prefix: &str) -> bool {
+pub(super) fn is_client_variable(key_after_prefix: &str) -> bool {
     key_after_prefix
         .to_ascii_lowercase()
         .starts_with("kafka__client")
 }
 
 /// Applies `[kafka.client]` variables, then every `*_file` setting.
-pub fn resolve(
+pub(super) fn resolve(
     settings: &mut Settings,
     vars: impl Iterator<Item = (String, String)>,
 ) -> Result<(), ConfigError> {

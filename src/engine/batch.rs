@@ -21,7 +21,7 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    pub fn new(index: usize, parsed: Parsed, span: tracing::Span) -> Self {
+    pub(super) fn new(index: usize, parsed: Parsed, span: tracing::Span) -> Self {
         Self {
             index,
             parsed,
@@ -41,7 +41,7 @@ pub(super) struct Owned<'a> {
 }
 
 impl<'a> Owned<'a> {
-    pub fn new(pending: &'a Pending, claim: Claim, fresh: Outcome) -> Self {
+    pub(super) fn new(pending: &'a Pending, claim: Claim, fresh: Outcome) -> Self {
         Self {
             pending,
             claim,

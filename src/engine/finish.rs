@@ -46,7 +46,7 @@ impl Stored {
     }
 
     /// The store event of a message's span.
-    pub fn label(&self) -> &'static str {
+    pub(super) fn label(&self) -> &'static str {
         match self {
             Stored::Landed => "landed",
             Stored::Fenced => "fenced",

@@ -35,7 +35,7 @@ pub(super) struct Inner {
 }
 
 impl Inner {
-    pub fn new(
+    pub(super) fn new(
         store: Store,
         handler: Arc<dyn Handler>,
         parser: Parser,

@@ -24,7 +24,7 @@ struct Slot {
     lost: CancellationToken,
 }
 
-pub struct LeaseKeeper<'a> {
+pub(super) struct LeaseKeeper<'a> {
     claims: Vec<(&'a Identity, Epoch)>,
     slots: Mutex<Vec<Slot>>,
     lease: Duration,
@@ -36,7 +36,7 @@ impl<'a> LeaseKeeper<'a> {
     /// `claimed_at` is when the claim statement was sent: the lease in the
     /// database ends no earlier than `claimed_at + lease`. Renewals come
     /// every `renew_every`.
-    pub fn new(
+    pub(super) fn new(
         claims: Vec<(&'a Identity, Epoch)>,
         claimed_at: Instant,
         lease: Duration,
@@ -67,7 +67,7 @@ impl<'a> LeaseKeeper<'a> {
     /// must have more than the margin left by this process's monotonic
     /// clock; if the wall clock says the lease may be over anyway (the
     /// process or its VM was frozen), PostgreSQL must confirm it first.
-    pub async fn check_before_call(&self, i: usize, store: &Store) -> Result<(), String> {
+    pub(super) async fn check_before_call(&self, i: usize, store: &Store) -> Result<(), String> {
         let (deadline, renewed_wall) = {
             let slots = self.slots();
             let slot = &slots[i];
@@ -113,24 +113,24 @@ impl<'a> LeaseKeeper<'a> {
     }
 
     /// Cancelled when claim `i` can no longer be trusted to be ours.
-    pub fn lost_signal(&self, i: usize) -> CancellationToken {
+    pub(super) fn lost_signal(&self, i: usize) -> CancellationToken {
         self.slots()[i].lost.clone()
     }
 
     /// Claim `i`'s handler answered: keep renewing while its outcome is
     /// stored (through a store outage, however long), but never count it
     /// lost or cut it off.
-    pub fn answered(&self, i: usize) {
+    pub(super) fn answered(&self, i: usize) {
         self.slots()[i].answered = true;
     }
 
     /// Stop renewing claim `i` (its outcome is stored).
-    pub fn forget(&self, i: usize) {
+    pub(super) fn forget(&self, i: usize) {
         self.slots()[i].active = false;
     }
 
     /// Renews every active claim each `every`, until dropped.
-    pub async fn run(&self, store: &Store, metrics: &Metrics, every: Duration, lease: Duration) {
+    pub(super) async fn run(&self, store: &Store, metrics: &Metrics, every: Duration, lease: Duration) {
         loop {
             tokio::time::sleep(every).await;
             let active: Vec<usize> = self

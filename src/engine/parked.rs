@@ -30,7 +30,7 @@ pub(super) struct Parked {
 }
 
 impl Parked {
-    pub fn new(
+    pub(super) fn new(
         store: &Store,
         watch: &StoreWatch,
         metrics: &Metrics,
@@ -52,7 +52,7 @@ impl Parked {
     /// until it lands, is fenced (another worker took the key: counted), or
     /// the process stops (then the key is taken over after its lease, as
     /// after a crash, and retried with the same request).
-    pub fn park(&self, identity: Identity, epoch: Epoch, finish: Finish) {
+    pub(super) fn park(&self, identity: Identity, epoch: Epoch, finish: Finish) {
         let writer = self.clone();
         self.keys().insert(identity.clone());
         tokio::spawn(async move {
@@ -62,7 +62,7 @@ impl Parked {
     }
 
     /// Whether this process holds an answer for `identity` still to store.
-    pub fn holds(&self, identity: &Identity) -> bool {
+    pub(super) fn holds(&self, identity: &Identity) -> bool {
         let keys = self.keys();
         !keys.is_empty() && keys.contains(identity)
     }

@@ -18,7 +18,7 @@ pub(super) struct StoreWatch {
 }
 
 impl StoreWatch {
-    pub fn new(
+    pub(super) fn new(
         metrics: Metrics,
         health: Health,
         backoff: Backoff,
@@ -34,7 +34,7 @@ impl StoreWatch {
 
     /// Counts a failed key-table statement by its SQLSTATE class, and tells
     /// /readyz that writes fail (with the SQLSTATE) while they do.
-    pub fn failed(&self, e: &StoreError) {
+    pub(super) fn failed(&self, e: &StoreError) {
         self.metrics.store_error(e);
         if e.is_transient() {
             self.health.store_writes_failed(e);
@@ -42,7 +42,7 @@ impl StoreWatch {
     }
 
     /// A key-table write went through: writes work again.
-    pub fn worked(&self) {
+    pub(super) fn worked(&self) {
         self.health.store_writes_work();
     }
 
@@ -51,7 +51,7 @@ impl StoreWatch {
     /// long (read-only after a failover, timeouts, out of disk). Gives up
     /// on shutdown (nothing is committed; the message comes back) or on an
     /// error that belongs to the row (see [`StoreError`]).
-    pub async fn retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
+    pub(super) async fn retry<T, F, Fut>(&self, write: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,

@@ -26,7 +26,7 @@ pub(super) struct Streak {
 impl Streaks {
     /// The key's streak of uncounted retries after this one (`counts`:
     /// one more; else the streak ends).
-    pub fn next(&self, identity: &Identity, counts: bool) -> Streak {
+    pub(super) fn next(&self, identity: &Identity, counts: bool) -> Streak {
         let mut streaks = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if !counts {
             streaks.remove(identity);

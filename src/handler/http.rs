@@ -24,18 +24,18 @@ use reqwest::{Response, StatusCode};
 use std::time::Duration;
 
 /// Headers dedupq adds to every request, besides the derived key.
-pub mod header {
+pub(super) mod header {
     /// The attempt number: 1 on the first claim, +1 on every takeover.
-    pub const ATTEMPT: &str = "X-Dedupq-Attempt";
+    pub(crate) const ATTEMPT: &str = "X-Dedupq-Attempt";
     /// The claim's fencing epoch.
-    pub const EPOCH: &str = "X-Dedupq-Epoch";
+    pub(crate) const EPOCH: &str = "X-Dedupq-Epoch";
     /// The process holding the claim (`engine.owner`).
-    pub const OWNER: &str = "X-Dedupq-Owner";
+    pub(crate) const OWNER: &str = "X-Dedupq-Owner";
     /// The message's tenant.
-    pub const TENANT: &str = "X-Dedupq-Tenant";
+    pub(crate) const TENANT: &str = "X-Dedupq-Tenant";
     /// The message's own idempotency key (the derived key goes in
     /// `handler.key_header`).
-    pub const KEY: &str = "X-Dedupq-Key";
+    pub(crate) const KEY: &str = "X-Dedupq-Key";
 }
 
 /// The `http` handler: POSTs the message's bytes, exactly as received, to

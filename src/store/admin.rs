@@ -87,7 +87,7 @@ impl KeyRow {
 
 /// A stored answer shown to an operator: its JSON verbatim when it is
 /// strict JSON (numbers as written), else its bytes in base64.
-pub fn body_for_display(bytes: &[u8]) -> Box<RawValue> {
+pub(super) fn body_for_display(bytes: &[u8]) -> Box<RawValue> {
     let verbatim = crate::json::parse(bytes)
         .ok()
         .and_then(|_| RawValue::from_string(String::from_utf8_lossy(bytes).into_owned()).ok());

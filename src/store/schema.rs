@@ -34,7 +34,7 @@ impl fmt::Display for Pending {
 }
 
 /// `0001 keys, 0002 audit`.
-pub fn list(pending: &[Pending]) -> String {
+pub(super) fn list(pending: &[Pending]) -> String {
     let names: Vec<String> = pending.iter().map(ToString::to_string).collect();
     names.join(", ")
 }

@@ -1,6 +1,9 @@
 //! The RabbitMQ transport against real RabbitMQ and PostgreSQL: every test
 //! has its own schema, work queue, delay queue and dead-letter exchange.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

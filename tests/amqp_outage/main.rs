@@ -1,6 +1,9 @@
 //! RabbitMQ force-closes every connection mid-stream. Runs alone: it also
 //! cuts the connections of any other test running against the broker.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

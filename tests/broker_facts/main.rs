@@ -13,6 +13,9 @@
 //!   dedupq's reconnect loop;
 //! - `existing_queues`: (e) how queues that already exist get the limit.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -5,6 +5,9 @@
 //! outcome, drop an answer the provider gave, or give a payment up for
 //! good.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

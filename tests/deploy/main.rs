@@ -4,6 +4,9 @@
 //! PostgreSQL is away; schema names; secrets kept out of output and logs;
 //! the Kubernetes manifests.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

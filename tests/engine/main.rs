@@ -1,5 +1,8 @@
 //! The engine and the claim store against a real PostgreSQL.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -1,6 +1,9 @@
 //! The http/payment handler against the provider simulator over real HTTP,
 //! with the engine and a real PostgreSQL.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

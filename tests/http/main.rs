@@ -2,6 +2,9 @@
 //! the provider simulator. Every test has its own schema, port, topic and
 //! queue names.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

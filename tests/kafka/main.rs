@@ -3,6 +3,9 @@
 //! effect, bad input is dead-lettered, rebalances and crashes lose nothing.
 //! (The PostgreSQL outage test is its own binary: tests/kafka_outage.)
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

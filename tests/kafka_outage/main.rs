@@ -2,6 +2,9 @@
 //! binary because it stops the shared PostgreSQL: scripts/test runs it
 //! after the others, alone.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

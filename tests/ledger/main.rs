@@ -3,6 +3,9 @@
 //! binary re-runs itself as the ledger process (`LEDGER_CHILD`), so the
 //! process that is killed runs exactly the example's code.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../../examples/ledger.rs"]
 #[allow(dead_code)]
 mod ledger;

@@ -5,6 +5,9 @@
 //! Traces go to a real Jaeger (built by scripts/observability), and one
 //! trace is followed from a producer's span to the provider's request.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -1,6 +1,9 @@
 //! What operators and newcomers touch: /metrics, /readyz, `dedupq keys`,
 //! the README's commands and configuration.
 
+// Helpers are pub for their sibling modules; a test binary has no API.
+#![allow(unreachable_pub)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -25,14 +25,14 @@ async fn channel(url: &str) -> anyhow::Result<(Connection, Channel)> {
 
 /// Declares the queues of a case with dedupq's own topology code, so that
 /// the work queue has every argument dedupq gives it.
-pub async fn declare(settings: &AmqpSettings) -> anyhow::Result<()> {
+pub(super) async fn declare(settings: &AmqpSettings) -> anyhow::Result<()> {
     dedupq::transport::amqp::prepare_topology(settings)
         .await
         .context("declaring the RabbitMQ topology")
 }
 
 /// Messages ready in `queue` (unacked ones are back once consumers left).
-pub async fn ready(url: &str, queue: &str) -> anyhow::Result<u32> {
+pub(super) async fn ready(url: &str, queue: &str) -> anyhow::Result<u32> {
     let (c, ch) = channel(url).await?;
     let options = QueueDeclareOptions {
         passive: true,
@@ -47,7 +47,7 @@ pub async fn ready(url: &str, queue: &str) -> anyhow::Result<u32> {
 }
 
 /// Removes the work queue and whatever dedupq declared next to it.
-pub async fn delete(url: &str, queue: &str) {
+pub(super) async fn delete(url: &str, queue: &str) {
     let Ok((c, ch)) = channel(url).await else {
         return;
     };
@@ -72,7 +72,7 @@ pub async fn delete(url: &str, queue: &str) {
 /// (e) raw: consume with manual acks, ack every delivery on its own,
 /// nothing else; `prefetch` is dedupq's (`amqp.prefetch`), so both get the
 /// same window.
-pub async fn raw(job: &Job, prefetch: u16) -> anyhow::Result<Measured> {
+pub(super) async fn raw(job: &Job, prefetch: u16) -> anyhow::Result<Measured> {
     let (c, ch) = channel(&job.amqp_url).await?;
     ch.basic_qos(prefetch, BasicQosOptions { global: false })
         .await?;

@@ -15,7 +15,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::time::Instant;
 
-pub async fn run(job: &Job) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job) -> anyhow::Result<Measured> {
     let reply = job
         .reply_topic
         .as_deref()

@@ -6,7 +6,7 @@ use super::runner::Env;
 use dedupq::config::Settings;
 
 /// What was run, where, and with which settings.
-pub async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
+pub(super) async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String {
     let (e, k, a) = (&s.engine, &s.kafka, &s.amqp);
     let pg = pg_settings(&env.database_url).await;
     format!(

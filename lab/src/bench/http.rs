@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 const API_KEY: &str = "sk_bench_0123456789abcdef";
 
-pub async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Result<Measured> {
     let clients = job.case.partitions.max(1) as usize;
     let handler = Arc::new(FastHandler::default());
     let stop = CancellationToken::new();

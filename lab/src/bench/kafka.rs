@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 /// How often every consumer of the benchmark commits (dedupq's
 /// `kafka.commit_interval` and the raw and naive consumers alike).
-pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
+pub(super) const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the committed offsets are looked at to stop the clock.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
@@ -26,7 +26,7 @@ fn admin(brokers: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
     Ok(kafka::admin(&settings(brokers)).create()?)
 }
 
-pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
+pub(super) async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
     let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     for r in admin(brokers)?
         .create_topics([&topic], &AdminOptions::new())
@@ -58,7 +58,7 @@ pub async fn create_topic(brokers: &str, name: &str, partitions: i32) -> anyhow:
     }
 }
 
-pub async fn delete_topic(brokers: &str, name: &str) {
+pub(super) async fn delete_topic(brokers: &str, name: &str) {
     if let Ok(a) = admin(brokers) {
         let _ = a.delete_topics(&[name], &AdminOptions::new()).await;
     }
@@ -69,7 +69,7 @@ fn plain(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
 }
 
 /// High watermark of every partition.
-pub async fn end_offsets(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
+pub(super) async fn end_offsets(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
     let (b, t) = (brokers.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let c = plain(&b, "bench-meta")?;
@@ -82,7 +82,7 @@ pub async fn end_offsets(brokers: &str, topic: &str, partitions: i32) -> anyhow:
 
 /// Waits until `group` committed every partition of `topic` up to `end`;
 /// returns when it first saw that.
-pub async fn committed_to_end(
+pub(super) async fn committed_to_end(
     brokers: &str,
     group: &str,
     topic: &str,
@@ -123,7 +123,7 @@ pub async fn committed_to_end(
 
 /// The consumer of the raw and naive cases, with the settings dedupq's own
 /// consumer uses, so the broker side is the same for every row.
-pub fn consumer(brokers: &str, group: &str, topic: &str) -> anyhow::Result<StreamConsumer> {
+pub(super) fn consumer(brokers: &str, group: &str, topic: &str) -> anyhow::Result<StreamConsumer> {
     let c: StreamConsumer = kafka::client(&settings(brokers), "dedupq-bench")
         .set("group.id", group)
         .set("enable.auto.commit", "false")
@@ -141,15 +141,15 @@ pub fn consumer(brokers: &str, group: &str, topic: &str) -> anyhow::Result<Strea
 
 /// Next offsets to commit, per partition.
 #[derive(Default)]
-pub struct Positions(BTreeMap<i32, i64>);
+pub(super) struct Positions(BTreeMap<i32, i64>);
 
 impl Positions {
-    pub fn done(&mut self, partition: i32, offset: i64) {
+    pub(super) fn done(&mut self, partition: i32, offset: i64) {
         let e = self.0.entry(partition).or_insert(offset + 1);
         *e = (*e).max(offset + 1);
     }
 
-    pub fn commit(&self, c: &StreamConsumer, topic: &str, mode: CommitMode) {
+    pub(super) fn commit(&self, c: &StreamConsumer, topic: &str, mode: CommitMode) {
         if self.0.is_empty() {
             return;
         }

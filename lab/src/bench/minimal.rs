@@ -36,7 +36,7 @@ FROM unnest($1::text[], $2::text[]) AS u(tenant, key)
 WHERE c.tenant = u.tenant AND c.key = u.key
 "#;
 
-pub async fn run(job: &Job) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job) -> anyhow::Result<Measured> {
     let connections = job.case.partitions.max(1) as usize;
     let pool = pool(job, connections).await?;
     let keys: Vec<(String, String)> = identities(job.expected)?

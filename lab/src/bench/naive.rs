@@ -53,7 +53,7 @@ struct Worker {
 /// A message with a stored outcome: its partition and offset.
 type Done = (i32, i64);
 
-pub async fn run(job: &Job) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job) -> anyhow::Result<Measured> {
     let settings = StoreSettings {
         url: SecretUrl::new(job.database_url.clone()),
         schema: Some(job.schema.clone()),

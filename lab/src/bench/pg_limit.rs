@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 /// The claim batch dedupq forms from a full poll (kafka.batch_size and
 /// engine.max_batch default to 500).
-pub const BATCH: usize = 500;
+pub(super) const BATCH: usize = 500;
 const LEASE: Duration = Duration::from_secs(30);
 
-pub async fn run(job: &Job) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job) -> anyhow::Result<Measured> {
     let connections = job.case.partitions.max(1) as usize;
     let settings = StoreSettings {
         url: SecretUrl::new(job.database_url.clone()),

@@ -7,13 +7,13 @@
 use super::case::{Case, Kind};
 
 /// Schema holding the prefilled key table; kept between runs.
-pub const STORED_KEYS_SCHEMA: &str = "dedupq_bench_10m";
-pub const STORED_KEYS: i64 = 10_000_000;
+pub(super) const STORED_KEYS_SCHEMA: &str = "dedupq_bench_10m";
+pub(super) const STORED_KEYS: i64 = 10_000_000;
 /// Partitions of the duplicate-mix, stored-keys and latency runs (and of
 /// the empty-table run they are compared with).
-pub const MIX_PARTITIONS: i32 = 4;
+pub(super) const MIX_PARTITIONS: i32 = 4;
 /// The fixed rates of the latency rows, messages per second.
-pub const LATENCY_RATES: [u32; 2] = [100, 1000];
+pub(super) const LATENCY_RATES: [u32; 2] = [100, 1000];
 
 pub struct Plan {
     pub quick: bool,

@@ -37,7 +37,7 @@ fn key_of(g: i64) -> String {
 }
 
 /// Makes sure `schema` holds the `rows` prefilled keys; returns what it did.
-pub async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyhow::Result<String> {
+pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyhow::Result<String> {
     let store = Store::connect_lazy(&StoreSettings {
         url: SecretUrl::new(database_url),
         schema: Some(schema.into()),

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub const TENANT: &str = "bench";
+pub(super) const TENANT: &str = "bench";
 /// In the duplicate mix, a key's second copy follows this many messages
 /// after the first (a redelivery or a producer retry a little later).
 const DUPLICATE_LAG: usize = 1000;
@@ -27,7 +27,7 @@ const DUPLICATE_LAG: usize = 1000;
 const CONFIRM_WINDOW: usize = 2000;
 
 /// The messages of one run, in send order.
-pub struct Stream {
+pub(super) struct Stream {
     keys: Vec<String>,
     order: Vec<usize>,
     stamps: Vec<Option<i64>>,
@@ -36,7 +36,7 @@ pub struct Stream {
 
 impl Stream {
     /// `messages` messages; with `duplicates`, every key is sent twice.
-    pub fn new(messages: usize, duplicates: bool, partitions: i32) -> Self {
+    pub(super) fn new(messages: usize, duplicates: bool, partitions: i32) -> Self {
         let unique = if duplicates { messages / 2 } else { messages };
         let mut rng = rand::rng();
         let keys = (0..unique)
@@ -60,12 +60,12 @@ impl Stream {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.order.len()
     }
 
     /// The keys sent with a stamp, and when they were first sent.
-    pub fn stamped(&self) -> Vec<(String, i64)> {
+    pub(super) fn stamped(&self) -> Vec<(String, i64)> {
         self.keys
             .iter()
             .zip(&self.stamps)
@@ -77,7 +77,7 @@ impl Stream {
     /// wall-clock time of the key's first send (`stamp`: now; else 0, which
     /// the consumers leave out of the latency); a duplicate repeats its
     /// original byte for byte, as a redelivery would.
-    pub fn message(&mut self, i: usize, stamp: bool) -> (&str, i32, Vec<u8>) {
+    pub(super) fn message(&mut self, i: usize, stamp: bool) -> (&str, i32, Vec<u8>) {
         let j = self.order[i];
         let sent = *self.stamps[j].get_or_insert_with(|| if stamp { now_us() } else { 0 });
         let body = format!(
@@ -97,7 +97,7 @@ impl Stream {
 
 /// Counts failed deliveries; a benchmark over lost messages would lie.
 #[derive(Default)]
-pub struct Counting {
+pub(super) struct Counting {
     failed: AtomicU64,
 }
 
@@ -114,13 +114,13 @@ impl ProducerContext for Counting {
 
 /// A Kafka producer as a careful payment producer configures it. One per
 /// run, so a paced run's first messages do not wait for its connection.
-pub struct KafkaProducer {
+pub(super) struct KafkaProducer {
     producer: ThreadedProducer<Counting>,
     topic: String,
 }
 
 impl KafkaProducer {
-    pub fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
+    pub(super) fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
         let producer = kafka::client(&KafkaSettings::at(brokers), "dedupq-bench-producer")
             .set("acks", "all")
             .set("enable.idempotence", "true")
@@ -138,7 +138,7 @@ impl KafkaProducer {
     /// Sends `stream[range]`, blocking; paced at `rate` messages per second
     /// if given, else as fast as the client takes them. Returns once the
     /// broker acknowledged every message.
-    pub fn send(
+    pub(super) fn send(
         &self,
         stream: &mut Stream,
         range: std::ops::Range<usize>,
@@ -206,14 +206,14 @@ fn is_queue_full(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// A confirming RabbitMQ publisher; one per run, like the Kafka one.
-pub struct AmqpPublisher {
+pub(super) struct AmqpPublisher {
     connection: Connection,
     publisher: Publisher,
     queue: String,
 }
 
 impl AmqpPublisher {
-    pub async fn new(url: &str, queue: &str) -> anyhow::Result<Self> {
+    pub(super) async fn new(url: &str, queue: &str) -> anyhow::Result<Self> {
         let connection = amqp::connect(&AmqpSettings::at(url), "dedupq-bench-publisher")
             .await
             .context("connecting to RabbitMQ")?;
@@ -227,7 +227,7 @@ impl AmqpPublisher {
 
     /// Publishes `stream[range]` (persistent, mandatory), paced at `rate`
     /// if given. Returns once every publish is confirmed.
-    pub async fn send(
+    pub(super) async fn send(
         &self,
         stream: &mut Stream,
         range: std::ops::Range<usize>,
@@ -273,7 +273,7 @@ impl AmqpPublisher {
         Ok(())
     }
 
-    pub async fn close(self) {
+    pub(super) async fn close(self) {
         let _ = self.connection.close(200, "published".into()).await;
     }
 }

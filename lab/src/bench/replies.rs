@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Arrival times (wall clock, µs) by key, as they come in.
-pub struct Listener {
+pub(super) struct Listener {
     arrivals: watch::Receiver<HashMap<String, i64>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
@@ -24,7 +24,7 @@ pub struct Listener {
 /// Reads `topic` (all of its `partitions`) from the beginning, with a
 /// consumer as a requester would run it: fetches are answered as soon as a
 /// record is there.
-pub fn listen(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Listener> {
+pub(super) fn listen(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Listener> {
     let kafka = dedupq::config::KafkaSettings::at(brokers);
     let consumer: StreamConsumer =
         dedupq::broker::kafka::reader(&kafka, &format!("{topic}-requester"))
@@ -57,7 +57,7 @@ pub fn listen(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Lis
 impl Listener {
     /// Milliseconds from each send stamp to its key's first reply, once
     /// every key has one (or fails after a while).
-    pub async fn latencies(mut self, sent: &[(String, i64)]) -> anyhow::Result<Vec<f64>> {
+    pub(super) async fn latencies(mut self, sent: &[(String, i64)]) -> anyhow::Result<Vec<f64>> {
         let deadline = Instant::now() + Duration::from_secs(30).min(CASE_LIMIT);
         let all_in = |seen: &HashMap<String, i64>| sent.iter().all(|(k, _)| seen.contains_key(k));
         let complete = tokio::time::timeout_at(deadline, self.arrivals.wait_for(all_in))

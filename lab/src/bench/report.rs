@@ -37,7 +37,7 @@ impl Row {
     }
 }
 
-pub fn table(rows: &[Row]) -> String {
+pub(super) fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -67,7 +67,7 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-pub fn notes(rows: &[Row]) -> String {
+pub(super) fn notes(rows: &[Row]) -> String {
     let mut out = String::new();
     for r in rows {
         if let Some(e) = &r.error {
@@ -125,7 +125,7 @@ impl Check {
 }
 
 /// The targets, computed from this run's rows.
-pub fn ratios(rows: &[Row]) -> String {
+pub(super) fn ratios(rows: &[Row]) -> String {
     let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
     let percent = |a: Option<f64>, b: Option<f64>| ratio(a, b).map(|r| r * 100.0);
     let mut checks = Vec::new();

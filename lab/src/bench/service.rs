@@ -17,18 +17,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Bounds every wait of a child, so a stuck case fails instead of hanging.
-pub const CASE_LIMIT: Duration = Duration::from_secs(300);
+pub(super) const CASE_LIMIT: Duration = Duration::from_secs(300);
 
 /// Answers at once, like a handler whose provider call is negligible; the
 /// benchmark measures what dedupq adds around the work.
 #[derive(Default)]
-pub struct FastHandler {
+pub(super) struct FastHandler {
     pub calls: AtomicUsize,
     pub first: OnceLock<Instant>,
 }
 
 impl FastHandler {
-    pub fn outcome() -> HandlerOutcome {
+    pub(super) fn outcome() -> HandlerOutcome {
         HandlerOutcome::Success(HandlerResult::json(
             200,
             &serde_json::json!({ "charged": true }),
@@ -49,7 +49,7 @@ impl Handler for FastHandler {
 /// `DEDUPQ__…` variables given), with the endpoints, a fresh group and
 /// names, and a commit interval short enough that the clock stops when the
 /// work is done.
-pub fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
+pub(super) fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
     let mut s = base.clone();
     s.store.url = SecretUrl::new(job.database_url.clone());
     s.store.schema = Some(job.schema.clone());
@@ -72,12 +72,12 @@ pub fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
     s
 }
 
-pub fn group(job: &Job) -> String {
+pub(super) fn group(job: &Job) -> String {
     format!("{}-group", job.source)
 }
 
 /// Runs the service until it has decided `job.expected` messages.
-pub async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measured> {
+pub(super) async fn run(job: &Job, amqp: bool, base: &Settings) -> anyhow::Result<Measured> {
     let settings = settings(job, amqp, base);
     settings.validate()?;
     let handler = std::sync::Arc::new(FastHandler::default());

@@ -3,7 +3,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// p50, p99 and the sample count of `samples` (milliseconds).
-pub fn percentiles(mut samples: Vec<f64>) -> Option<(f64, f64, usize)> {
+pub(super) fn percentiles(mut samples: Vec<f64>) -> Option<(f64, f64, usize)> {
     if samples.is_empty() {
         return None;
     }
@@ -14,7 +14,7 @@ pub fn percentiles(mut samples: Vec<f64>) -> Option<(f64, f64, usize)> {
 }
 
 /// Peak resident set size of this process (VmHWM), kB.
-pub fn peak_rss_kb() -> u64 {
+pub(super) fn peak_rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -28,7 +28,7 @@ pub fn peak_rss_kb() -> u64 {
 
 /// CPU seconds (user + system) this process used: a case that is slow
 /// with little CPU is waiting (on PostgreSQL or the broker), not working.
-pub fn usage() -> String {
+pub(super) fn usage() -> String {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are the
     // 12th and 13th of them, in clock ticks (100 per second on Linux).
@@ -44,7 +44,7 @@ pub fn usage() -> String {
 
 /// Wall-clock microseconds since the epoch: comparable between the
 /// producing parent and the consuming child on one host.
-pub fn now_us() -> i64 {
+pub(super) fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
+pub(super) struct DeadLetter {
     /// `dedupq-reason`, the broker's `x-death` reason, or `<no reason>`.
     pub reason: String,
     /// `{dedupq-tenant}:{dedupq-key}`, when both headers are there.
@@ -29,7 +29,7 @@ impl DeadLetter {
 }
 
 /// Dead letters counted by reason.
-pub fn by_reason(letters: &[DeadLetter]) -> BTreeMap<String, usize> {
+pub(super) fn by_reason(letters: &[DeadLetter]) -> BTreeMap<String, usize> {
     let mut reasons = BTreeMap::new();
     for l in letters {
         *reasons.entry(l.reason.clone()).or_default() += 1;
@@ -40,7 +40,7 @@ pub fn by_reason(letters: &[DeadLetter]) -> BTreeMap<String, usize> {
 /// Dead letters of payments the provider charged, as `reason key`. A
 /// `conflict` is left out: it is another operation under a charged key,
 /// refused as it should be.
-pub fn of_charged(letters: &[DeadLetter], charged: impl Fn(&str) -> bool) -> Vec<String> {
+pub(super) fn of_charged(letters: &[DeadLetter], charged: impl Fn(&str) -> bool) -> Vec<String> {
     letters
         .iter()
         .filter(|l| l.reason != "conflict")
@@ -52,7 +52,7 @@ pub fn of_charged(letters: &[DeadLetter], charged: impl Fn(&str) -> bool) -> Vec
 }
 
 /// Every dead letter on a Kafka topic.
-pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
+pub(super) fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
     let group = format!("dedupq-check-{}", rand::random::<u32>());
     let consumer: BaseConsumer = kafka::reader(&KafkaSettings::at(brokers), &group).create()?;
     let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -105,7 +105,7 @@ pub fn kafka(brokers: &str, topic: &str) -> anyhow::Result<Vec<DeadLetter>> {
 /// newest `x-death` entry. Read with the raw client: the queue holds
 /// deliveries lapin cannot parse (non-UTF-8 properties), which would break
 /// its connection.
-pub async fn amqp(url: &str, queue: &str) -> anyhow::Result<Vec<DeadLetter>> {
+pub(super) async fn amqp(url: &str, queue: &str) -> anyhow::Result<Vec<DeadLetter>> {
     let mut raw = RawAmqp::connect(&AmqpSettings::at(url), "dedupq-scenario-check").await?;
     let mut letters = Vec::new();
     while let Some(d) = raw.get(queue).await? {

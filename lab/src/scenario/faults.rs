@@ -24,7 +24,7 @@ enum Ending {
 }
 
 /// Everything a fault acts on besides the fleet.
-pub struct Targets<'a> {
+pub(super) struct Targets<'a> {
     /// The provider simulator's base URL.
     pub provider: String,
     pub base_knobs: Value,
@@ -39,7 +39,7 @@ pub struct Targets<'a> {
     pub lease: Duration,
 }
 
-pub struct Injector<'a> {
+pub(super) struct Injector<'a> {
     targets: Targets<'a>,
     started: Instant,
     endings: Vec<(Instant, Ending)>,
@@ -48,7 +48,7 @@ pub struct Injector<'a> {
 }
 
 impl<'a> Injector<'a> {
-    pub fn new(targets: Targets<'a>, started: Instant) -> Self {
+    pub(super) fn new(targets: Targets<'a>, started: Instant) -> Self {
         Self {
             targets,
             started,
@@ -58,7 +58,7 @@ impl<'a> Injector<'a> {
     }
 
     /// The claims frozen processes held when they were stopped.
-    pub fn frozen_claims(&self) -> &[FrozenClaim] {
+    pub(super) fn frozen_claims(&self) -> &[FrozenClaim] {
         &self.frozen
     }
 
@@ -77,7 +77,7 @@ impl<'a> Injector<'a> {
         self.endings.sort_by_key(|(t, _)| *t);
     }
 
-    pub async fn inject(
+    pub(super) async fn inject(
         &mut self,
         fault: Fault,
         fleet: &mut Fleet,
@@ -159,7 +159,7 @@ impl<'a> Injector<'a> {
     }
 
     /// Ends every fault whose time is up (all of them with `all`).
-    pub async fn end_due(
+    pub(super) async fn end_due(
         &mut self,
         fleet: &mut Fleet,
         report: &mut Report,
@@ -276,7 +276,7 @@ async fn services(script: &PathBuf, action: &str, name: &str) -> anyhow::Result<
 
 /// Applies provider knobs; a refusal (a knob the simulator does not know
 /// or cannot use) is logged with the simulator's reason.
-pub async fn set_knobs(provider: &str, knobs: &Value) {
+pub(super) async fn set_knobs(provider: &str, knobs: &Value) {
     let sent = reqwest::Client::new()
         .post(format!("{provider}/admin/knobs"))
         .json(knobs)

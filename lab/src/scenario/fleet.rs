@@ -60,7 +60,7 @@ async fn wait_http(
     }
 }
 
-pub struct Instance {
+pub(super) struct Instance {
     child: Option<Child>,
     config: PathBuf,
     /// `store.url` of the config, also given as `DEDUPQ__STORE__URL`: the
@@ -73,7 +73,7 @@ pub struct Instance {
 
 /// A SIGKILL the scenario dealt: which process.
 #[derive(Debug, Clone)]
-pub struct Kill {
+pub(super) struct Kill {
     pub pid: u32,
 }
 
@@ -114,7 +114,7 @@ fn beside_this_executable(name: &str) -> anyhow::Result<PathBuf> {
         .ok_or_else(|| anyhow!("no {name} beside {}: build it (cargo build --bin {name}) or name it with --{name}-bin", exe.display()))
 }
 
-pub struct Fleet {
+pub(super) struct Fleet {
     binaries: Binaries,
     dir: PathBuf,
     pub instances: Vec<Instance>,
@@ -123,7 +123,7 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub fn new(dir: &Path, binaries: &Binaries) -> anyhow::Result<Self> {
+    pub(super) fn new(dir: &Path, binaries: &Binaries) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         Ok(Self {
             binaries: binaries.clone(),
@@ -135,7 +135,7 @@ impl Fleet {
     }
 
     /// Starts the provider simulator; returns its base URL.
-    pub async fn start_provider(
+    pub(super) async fn start_provider(
         &mut self,
         database_url: &str,
         schema: &str,
@@ -169,7 +169,7 @@ impl Fleet {
 
     /// Starts one `dedupq run` with `config` (an `[http]` section is added)
     /// and waits until it is ready.
-    pub async fn start_dedupq(&mut self, mut config: toml::Table) -> anyhow::Result<usize> {
+    pub(super) async fn start_dedupq(&mut self, mut config: toml::Table) -> anyhow::Result<usize> {
         let i = self.instances.len();
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let mut section = toml::Table::new();
@@ -221,7 +221,7 @@ impl Fleet {
     }
 
     /// SIGKILL instance `i` (no chance to finish anything).
-    pub fn kill(&mut self, i: usize) {
+    pub(super) fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.instances[i].child.take() {
             let pid = child.id();
             let _ = child.kill();
@@ -231,13 +231,13 @@ impl Fleet {
     }
 
     /// The pid of instance `i`, while it runs.
-    pub fn pid(&self, i: usize) -> Option<u32> {
+    pub(super) fn pid(&self, i: usize) -> Option<u32> {
         self.instances[i].child.as_ref().map(Child::id)
     }
 
     /// SIGSTOP instance `i` (frozen: no lease renewal, no I/O, as a long
     /// GC pause or a stalled VM looks) or SIGCONT it.
-    pub fn freeze(&self, i: usize, frozen: bool) -> anyhow::Result<()> {
+    pub(super) fn freeze(&self, i: usize, frozen: bool) -> anyhow::Result<()> {
         let pid = self
             .pid(i)
             .ok_or_else(|| anyhow!("instance {i} is not running"))?;
@@ -249,14 +249,14 @@ impl Fleet {
         Ok(())
     }
 
-    pub async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+    pub(super) async fn restart(&mut self, i: usize) -> anyhow::Result<()> {
         self.kill(i);
         self.spawn_instance(i).await
     }
 
     /// SIGTERM every dedupq instance and wait for it (SIGKILL after
     /// `grace`). The provider keeps running for the checks.
-    pub async fn stop_instances(&mut self, grace: Duration) {
+    pub(super) async fn stop_instances(&mut self, grace: Duration) {
         let children: Vec<Child> = self
             .instances
             .iter_mut()

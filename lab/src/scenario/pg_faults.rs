@@ -10,7 +10,7 @@ use std::time::Duration;
 /// The fleet's login role. A superuser: it needs no grants on the run's
 /// schema, and still obeys `default_transaction_read_only` and
 /// `statement_timeout`.
-pub struct RunRole {
+pub(super) struct RunRole {
     name: String,
     url: String,
     admin: PgPool,
@@ -20,7 +20,7 @@ impl RunRole {
     /// Creates `dedupq_chaos_<run id>` with a fresh password; `admin_url`
     /// is the run's own (administrator's) URL, whose host and database the
     /// role's URL keeps.
-    pub async fn create(admin_url: &str, run_id: &str) -> anyhow::Result<Self> {
+    pub(super) async fn create(admin_url: &str, run_id: &str) -> anyhow::Result<Self> {
         let name = format!("dedupq_chaos_{run_id}");
         let password = format!("{:032x}", rand::random::<u128>());
         let mut url = url::Url::parse(admin_url)?;
@@ -38,18 +38,18 @@ impl RunRole {
         })
     }
 
-    pub fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         &self.name
     }
 
     /// The store URL the fleet connects with.
-    pub fn url(&self) -> &str {
+    pub(super) fn url(&self) -> &str {
         &self.url
     }
 
     /// New sessions take no writes (SQLSTATE 25006) and every current one
     /// is cut: a failover to a standby, as a client sees it.
-    pub async fn read_only(&self) -> anyhow::Result<u64> {
+    pub(super) async fn read_only(&self) -> anyhow::Result<u64> {
         self.set("default_transaction_read_only", Some("on"))
             .await?;
         self.cut_sessions().await
@@ -58,13 +58,13 @@ impl RunRole {
     /// Writable again for new sessions only: those opened while it was
     /// read-only stay read-only until the client replaces them (as
     /// sessions on a demoted primary would).
-    pub async fn writable(&self) -> anyhow::Result<()> {
+    pub(super) async fn writable(&self) -> anyhow::Result<()> {
         self.set("default_transaction_read_only", None).await
     }
 
     /// `statement_timeout` for the role (None: off); current sessions are
     /// cut so that the change applies at once.
-    pub async fn statement_timeout(&self, timeout: Option<Duration>) -> anyhow::Result<u64> {
+    pub(super) async fn statement_timeout(&self, timeout: Option<Duration>) -> anyhow::Result<u64> {
         let value = timeout.map(|t| format!("{}ms", t.as_millis()));
         self.set("statement_timeout", value.as_deref()).await?;
         self.cut_sessions().await
@@ -93,7 +93,7 @@ impl RunRole {
 
     /// Drops the role (its settings reset, its sessions cut, anything it
     /// came to own handed to the administrator).
-    pub async fn drop(self) {
+    pub(super) async fn drop(self) {
         let _ = self.set("default_transaction_read_only", None).await;
         let _ = self.set("statement_timeout", None).await;
         let sql = format!(
@@ -115,7 +115,7 @@ impl RunRole {
 
 /// Row locks from a session other than dedupq's, as an operator's
 /// `SELECT … FOR UPDATE` in psql would take them, until rolled back.
-pub struct RowLocks {
+pub(super) struct RowLocks {
     tx: Transaction<'static, Postgres>,
     /// The locked rows, as `tenant:key (status)`.
     pub rows: Vec<String>,
@@ -125,7 +125,7 @@ impl RowLocks {
     /// Locks up to `each` rows of `schema.dedupq_keys` still in progress
     /// (their results wait) and as many just done (their duplicates'
     /// claims wait).
-    pub async fn take(pool: &PgPool, schema: &str, each: i64) -> anyhow::Result<Self> {
+    pub(super) async fn take(pool: &PgPool, schema: &str, each: i64) -> anyhow::Result<Self> {
         let mut tx = pool.begin().await?;
         let mut rows = Vec::new();
         for (status, newest_first) in [("in_progress", "created_at"), ("done", "completed_at")] {
@@ -146,7 +146,7 @@ impl RowLocks {
         Ok(Self { tx, rows })
     }
 
-    pub async fn release(self) -> anyhow::Result<()> {
+    pub(super) async fn release(self) -> anyhow::Result<()> {
         self.tx.rollback().await?;
         Ok(())
     }

@@ -17,18 +17,18 @@ use std::time::Duration;
 
 /// Where a Kafka message landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Coordinates {
+pub(super) struct Coordinates {
     pub partition: i32,
     pub offset: i64,
 }
 
-pub struct KafkaPublisher {
+pub(super) struct KafkaPublisher {
     producer: FutureProducer,
     topic: String,
 }
 
 impl KafkaPublisher {
-    pub fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
+    pub(super) fn new(brokers: &str, topic: &str) -> anyhow::Result<Self> {
         let producer = kafka::client(&KafkaSettings::at(brokers), "dedupq-scenario")
             // Every copy must land: wait for the broker, and keep retrying
             // through a broker restart.
@@ -43,7 +43,7 @@ impl KafkaPublisher {
         })
     }
 
-    pub async fn publish(&self, msg: &Planned) -> anyhow::Result<Coordinates> {
+    pub(super) async fn publish(&self, msg: &Planned) -> anyhow::Result<Coordinates> {
         let mut headers = Vec::new();
         if let Some(t) = &msg.tenant {
             headers.push(Header::new("client-id", t.as_bytes()));
@@ -81,7 +81,7 @@ impl KafkaPublisher {
 /// Longest wait for one RabbitMQ publish to be confirmed.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct AmqpPublisher {
+pub(super) struct AmqpPublisher {
     settings: AmqpSettings,
     queue: String,
     /// `reply_to` for `ReplyTo::Full` (a queue that refuses every publish)
@@ -95,7 +95,7 @@ pub struct AmqpPublisher {
 }
 
 impl AmqpPublisher {
-    pub fn new(url: &str, queue: &str) -> Self {
+    pub(super) fn new(url: &str, queue: &str) -> Self {
         Self {
             settings: AmqpSettings::at(url),
             queue: queue.to_string(),
@@ -123,7 +123,7 @@ impl AmqpPublisher {
 
     /// Declares the queue that refuses every reply (no room, overflow
     /// rejects the publish).
-    pub async fn declare_full_replies(&mut self) -> anyhow::Result<()> {
+    pub(super) async fn declare_full_replies(&mut self) -> anyhow::Result<()> {
         let mut args = FieldTable::default();
         args.insert("x-max-length".into(), AMQPValue::LongInt(0));
         args.insert(
@@ -141,7 +141,7 @@ impl AmqpPublisher {
     }
 
     /// Publishes until the broker confirms it, reconnecting as needed.
-    pub async fn publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
+    pub(super) async fn publish(&mut self, msg: &Planned) -> anyhow::Result<()> {
         if matches!(
             msg.hostile,
             Some(Hostile::AmqpBadMessageId | Hostile::AmqpBadHeaderName)

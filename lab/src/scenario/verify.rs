@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// One key row as the check needs it.
 #[derive(Debug, Clone)]
-pub struct KeyState {
+pub(super) struct KeyState {
     pub status: String,
     pub attempts: i32,
     /// The charge the stored answer names (`"id": "ch_…"`).
@@ -23,7 +23,7 @@ pub struct KeyState {
     pub held: bool,
 }
 
-pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyState>> {
+pub(super) async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyState>> {
     let rows = sqlx::query(
         "SELECT tenant, key, status, attempts, result_body, \
                 (status = 'unknown' AND lease_until IS NULL) AS held \
@@ -56,7 +56,7 @@ pub async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyStat
 /// The `"id"` a provider answer names. Answers are stored as the provider
 /// sent them, which need not be JSON (raw NUL, bytes that are not UTF-8):
 /// then the first `"id":"…"` in the bytes.
-pub fn charge_id(body: &[u8]) -> Option<String> {
+pub(super) fn charge_id(body: &[u8]) -> Option<String> {
     if let Ok(v) = serde_json::from_slice::<Value>(body) {
         return v.get("id")?.as_str().map(str::to_string);
     }
@@ -67,7 +67,7 @@ pub fn charge_id(body: &[u8]) -> Option<String> {
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
-pub struct ChargeRow {
+pub(super) struct ChargeRow {
     pub id: i64,
     pub idempotency_key: Option<String>,
     pub attempt: Option<i32>,
@@ -87,7 +87,7 @@ impl ChargeRow {
 
 /// What the provider's ledger holds for one idempotency key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ledgered {
+pub(super) struct Ledgered {
     /// Charges that moved money.
     pub charged: i64,
     /// Requests the provider refused (a declined card).
@@ -95,7 +95,7 @@ pub struct Ledgered {
 }
 
 /// `GET /stats/keys`, per idempotency key.
-pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, Ledgered>> {
+pub(super) async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, Ledgered>> {
     let keys: Vec<dedupq_provider::KeyCharges> = reqwest::get(format!("{provider}/stats/keys"))
         .await?
         .error_for_status()?
@@ -114,7 +114,7 @@ pub async fn ledger(provider: &str) -> anyhow::Result<HashMap<String, Ledgered>>
         .collect())
 }
 
-pub async fn charges(provider: &str) -> anyhow::Result<Vec<ChargeRow>> {
+pub(super) async fn charges(provider: &str) -> anyhow::Result<Vec<ChargeRow>> {
     let v: Value = reqwest::get(format!("{provider}/charges"))
         .await?
         .error_for_status()?
@@ -165,7 +165,7 @@ pub struct ChargeCheck {
 
 /// `expected`: the derived keys (`tenant:key`) of every unique payment;
 /// `ledger`: what the provider's ledger holds, per derived key.
-pub fn check_charges(
+pub(super) fn check_charges(
     expected: &[String],
     keys: &HashMap<String, KeyState>,
     charges: &[ChargeRow],
@@ -294,7 +294,7 @@ fn calls_out_of_order(by_key: &HashMap<&str, Vec<&ChargeRow>>) -> Vec<String> {
 /// A claim a frozen process held, as PostgreSQL had it once the process
 /// could renew no more.
 #[derive(Debug, Clone)]
-pub struct FrozenClaim {
+pub(super) struct FrozenClaim {
     pub derived_key: String,
     pub owner: String,
     pub attempt: i32,
@@ -312,7 +312,7 @@ const IN_TRANSIT: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 /// still there, its lease would have been live again and no other attempt
 /// could have claimed the key while the call ran, so such a call (on a key
 /// nobody else claimed) is not counted.
-pub fn calls_after_freeze(
+pub(super) fn calls_after_freeze(
     frozen: &[FrozenClaim],
     charges: &[ChargeRow],
     keys: &HashMap<String, KeyState>,
@@ -349,7 +349,7 @@ fn kafka_consumer(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
 }
 
 /// (committed offset, high watermark) per partition of `topic` for `group`.
-pub fn committed_and_end(
+pub(super) fn committed_and_end(
     brokers: &str,
     topic: &str,
     group: &str,
@@ -376,7 +376,7 @@ pub fn committed_and_end(
 /// Messages below a sampled committed offset whose key is still open: a
 /// commit ran ahead of an unfinished message. Sound because key rows only
 /// move forward: a key open now was open when the offset was committed.
-pub fn commits_ahead(
+pub(super) fn commits_ahead(
     committed: &[(i64, i64)],
     published: &BTreeMap<Coordinates, Option<String>>,
     keys: &HashMap<String, KeyState>,
@@ -406,7 +406,7 @@ pub fn commits_ahead(
 }
 
 /// Ready messages in each RabbitMQ queue (0 for a queue that is absent).
-pub async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32>> {
+pub(super) async fn amqp_depths(url: &str, queues: &[String]) -> anyhow::Result<Vec<u32>> {
     let settings = dedupq::config::AmqpSettings::at(url);
     let conn = dedupq::broker::amqp::connect(&settings, "dedupq-scenario-check").await?;
     let mut out = Vec::new();

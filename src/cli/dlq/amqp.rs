@@ -28,20 +28,20 @@ const BROKER_HEADERS: [&str; 8] = [
     "x-delivery-count",
 ];
 
-pub struct AmqpLetter {
+pub(super) struct AmqpLetter {
     pub letter: DeadLetter,
     delivery: RawDelivery,
 }
 
 /// A connection holding the dead letters it took; closing it (or dropping
 /// it) returns every one not acked.
-pub struct Session {
+pub(super) struct Session {
     raw: RawAmqp,
     identity: IdentityHeaders,
 }
 
 impl Session {
-    pub async fn open(
+    pub(super) async fn open(
         settings: &AmqpSettings,
         identity: IdentityHeaders,
     ) -> Result<Self, DlqError> {
@@ -53,7 +53,7 @@ impl Session {
 
     /// Takes every message now in `queue` (unacked), keeps those that pass
     /// `filter`, at most `limit`.
-    pub async fn read(
+    pub(super) async fn read(
         &mut self,
         queue: &str,
         filter: &Filter,
@@ -83,7 +83,7 @@ impl Session {
 
     /// Publishes each letter to its source queue; acks it in the dead-letter
     /// queue once the broker confirmed the replay was routed.
-    pub async fn replay(&mut self, letters: &mut [AmqpLetter]) -> Result<(), DlqError> {
+    pub(super) async fn replay(&mut self, letters: &mut [AmqpLetter]) -> Result<(), DlqError> {
         for l in letters.iter_mut() {
             l.letter.replay = Some(match plan(&l.letter) {
                 Err(skipped) => skipped,
@@ -113,7 +113,7 @@ impl Session {
     }
 
     /// Puts back every message not acked.
-    pub async fn close(self) {
+    pub(super) async fn close(self) {
         let _ = self.raw.close().await;
     }
 }
@@ -132,7 +132,7 @@ fn plan(letter: &DeadLetter) -> Result<String, String> {
 }
 
 /// What a dry run says for each letter.
-pub fn dry_run(letters: &mut [AmqpLetter]) {
+pub(super) fn dry_run(letters: &mut [AmqpLetter]) {
     for l in letters {
         l.letter.replay = Some(match plan(&l.letter) {
             Ok(queue) => format!("would replay to {queue}"),

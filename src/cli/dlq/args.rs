@@ -61,7 +61,7 @@ pub struct DlqArgs {
 }
 
 /// RFC 3339, or an age counted back from now.
-pub fn parse_time(s: &str) -> anyhow::Result<DateTime<Utc>> {
+pub(super) fn parse_time(s: &str) -> anyhow::Result<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -20,7 +20,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A dead letter with what a replay needs.
-pub struct KafkaLetter {
+pub(super) struct KafkaLetter {
     pub letter: DeadLetter,
     key: Option<Vec<u8>>,
     payload: Option<Vec<u8>>,
@@ -39,7 +39,7 @@ fn named(headers: &[Header], name: &str) -> Option<String> {
 
 /// Every dead letter of the source topics' DLQs that passes `filter`, at
 /// most `limit`.
-pub async fn read(
+pub(super) async fn read(
     settings: &KafkaSettings,
     topics: Vec<String>,
     identity: IdentityHeaders,
@@ -170,7 +170,7 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> Kafka
 /// Publishes each letter to its source topic and partition with the
 /// original key, payload and headers (the `dedupq-*` ones dropped), and
 /// records what happened on the letter.
-pub async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Result<(), DlqError> {
+pub(super) async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Result<(), DlqError> {
     // Acknowledged by every in-sync replica, never duplicated by a retry,
     // and each record bounded by kafka.produce_timeout.
     let producer: FutureProducer = kafka::producer(settings, Producing::Replay).create()?;
@@ -202,7 +202,7 @@ pub async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Re
 }
 
 /// What a dry run says for each letter.
-pub fn plan(letters: &mut [KafkaLetter]) {
+pub(super) fn plan(letters: &mut [KafkaLetter]) {
     for l in letters {
         let to = l.letter.source.as_deref().unwrap_or("-");
         l.letter.replay = Some(match l.source_partition {

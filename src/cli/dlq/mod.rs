@@ -7,8 +7,9 @@ mod args;
 mod kafka;
 mod record;
 
-pub use args::{DlqCommand, Transport};
-pub use record::DeadLetter;
+pub use args::DlqCommand;
+pub(super) use args::Transport;
+pub(super) use record::DeadLetter;
 
 use crate::cli::output::{self, Format};
 use crate::config::Settings;
@@ -16,7 +17,7 @@ use record::Filter;
 use std::io::Write;
 
 #[derive(Debug, thiserror::Error)]
-pub enum DlqError {
+pub(super) enum DlqError {
     #[error("Kafka")]
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("RabbitMQ")]

@@ -8,18 +8,18 @@ use serde::Serialize;
 
 /// Headers dedupq adds to a dead letter. Every header with this prefix is
 /// diagnostic and is dropped on replay.
-pub const DIAGNOSTIC_PREFIX: &str = "dedupq-";
-pub const REASON: &str = "dedupq-reason";
-pub const DETAIL: &str = "dedupq-detail";
-pub const TENANT: &str = "dedupq-tenant";
-pub const KEY: &str = "dedupq-key";
-pub const FIRST_SEEN: &str = "dedupq-first-seen";
-pub const SOURCE_TOPIC: &str = "dedupq-source-topic";
-pub const SOURCE_PARTITION: &str = "dedupq-source-partition";
-pub const SOURCE_QUEUE: &str = "dedupq-source-queue";
+pub(super) const DIAGNOSTIC_PREFIX: &str = "dedupq-";
+pub(super) const REASON: &str = "dedupq-reason";
+pub(super) const DETAIL: &str = "dedupq-detail";
+pub(super) const TENANT: &str = "dedupq-tenant";
+pub(super) const KEY: &str = "dedupq-key";
+pub(super) const FIRST_SEEN: &str = "dedupq-first-seen";
+pub(super) const SOURCE_TOPIC: &str = "dedupq-source-topic";
+pub(super) const SOURCE_PARTITION: &str = "dedupq-source-partition";
+pub(super) const SOURCE_QUEUE: &str = "dedupq-source-queue";
 
 #[derive(Debug, Clone, Serialize)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     /// Where it sits: `topic[partition]@offset`, or `queue#n` (n-th message).
     pub location: String,
     pub reason: Option<String>,
@@ -40,11 +40,11 @@ pub struct DeadLetter {
 }
 
 /// Header values are untrusted bytes: shown lossily, never trusted as UTF-8.
-pub fn text(value: &[u8]) -> String {
+pub(super) fn text(value: &[u8]) -> String {
     String::from_utf8_lossy(value).into_owned()
 }
 
-pub fn time(value: &str) -> Option<DateTime<Utc>> {
+pub(super) fn time(value: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(value.trim())
         .ok()
         .map(|t| t.with_timezone(&Utc))
@@ -54,13 +54,13 @@ pub fn time(value: &str) -> Option<DateTime<Utc>> {
 /// headers when dedupq recorded no tenant or key (input it refused before
 /// parsing).
 #[derive(Debug, Clone, Default)]
-pub struct IdentityHeaders {
+pub(super) struct IdentityHeaders {
     pub tenant: Option<String>,
     pub key: String,
 }
 
 impl IdentityHeaders {
-    pub fn from_settings(s: &crate::config::IdentitySettings) -> Self {
+    pub(super) fn from_settings(s: &crate::config::IdentitySettings) -> Self {
         Self {
             tenant: match &s.tenant {
                 crate::config::TenantSource::Header { name } => Some(name.clone()),
@@ -72,7 +72,7 @@ impl IdentityHeaders {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct Filter {
+pub(super) struct Filter {
     pub reason: Option<String>,
     pub tenant: Option<String>,
     pub since: Option<DateTime<Utc>>,
@@ -80,7 +80,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn from_args(a: &DlqArgs) -> Self {
+    pub(super) fn from_args(a: &DlqArgs) -> Self {
         Self {
             reason: a.reason.clone(),
             tenant: a.tenant.clone(),
@@ -90,7 +90,7 @@ impl Filter {
     }
 
     /// A dead letter without a time never matches a time filter.
-    pub fn matches(&self, d: &DeadLetter) -> bool {
+    pub(super) fn matches(&self, d: &DeadLetter) -> bool {
         let same = |want: &Option<String>, got: &Option<String>| {
             want.as_ref().is_none_or(|w| got.as_deref() == Some(w))
         };

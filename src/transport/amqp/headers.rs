@@ -8,7 +8,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
 use std::time::Duration;
 
-pub use crate::transport::envelope::header::{FIRST_SEEN, TRIPS, USER_ID};
+pub(crate) use crate::transport::envelope::header::{FIRST_SEEN, TRIPS, USER_ID};
 
 /// Broker-written dead-letter history: dropped on republish so it does not
 /// grow with every trip (`dedupq-trips` is the count that matters).
@@ -24,7 +24,7 @@ const PERSISTENT: u8 = 2;
 
 /// The `dedupq-trips` count of a delivery (any integer type, or digits as
 /// text); 0 when absent, unreadable or negative.
-pub fn trips(table: Option<&FieldTable>) -> u32 {
+pub(crate) fn trips(table: Option<&FieldTable>) -> u32 {
     let Some(value) = table.and_then(|t| t.inner().get(TRIPS)) else {
         return 0;
     };
@@ -47,7 +47,7 @@ pub fn trips(table: Option<&FieldTable>) -> u32 {
 
 /// The `dedupq-first-seen` time of a delivery, if it carries a readable
 /// one (written on every trip through the delay queue).
-pub fn first_seen(table: Option<&FieldTable>) -> Option<DateTime<Utc>> {
+pub(crate) fn first_seen(table: Option<&FieldTable>) -> Option<DateTime<Utc>> {
     match table?.inner().get(FIRST_SEEN)? {
         AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
             .ok()
@@ -58,13 +58,13 @@ pub fn first_seen(table: Option<&FieldTable>) -> Option<DateTime<Utc>> {
 }
 
 /// A header value as AMQP text (a long string).
-pub fn text(value: impl Into<Vec<u8>>) -> AMQPValue {
+pub(crate) fn text(value: impl Into<Vec<u8>>) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value))
 }
 
 /// The original properties for a republish (delay queue or dead letter):
 /// everything kept except `expiration` and `user_id`, plus `extra` headers.
-pub fn republished(
+pub(crate) fn republished(
     original: &BasicProperties,
     extra: &crate::transport::envelope::Headers,
 ) -> BasicProperties {
@@ -105,12 +105,12 @@ pub fn republished(
 }
 
 /// A per-message TTL, in whole milliseconds as RabbitMQ wants it.
-pub fn expiration(delay: Duration) -> ShortString {
+pub(crate) fn expiration(delay: Duration) -> ShortString {
     delay.as_millis().max(1).to_string().into()
 }
 
 /// dedupq's headers (all text) into a field table.
-pub fn table_of(headers: &crate::transport::envelope::Headers) -> FieldTable {
+pub(crate) fn table_of(headers: &crate::transport::envelope::Headers) -> FieldTable {
     let mut table = FieldTable::default();
     for (name, value) in headers {
         table.insert((*name).into(), text(value.as_bytes()));

@@ -36,7 +36,7 @@ impl Progress {
     }
 
     /// A batch of `n` deliveries was taken from `queue`.
-    pub fn taken(&self, queue: &str, n: usize) {
+    pub(super) fn taken(&self, queue: &str, n: usize) {
         let mut s = self.lock();
         let q = s.queues.entry(queue.to_string()).or_insert_with(|| Queue {
             unacked: 0,
@@ -49,7 +49,7 @@ impl Progress {
     }
 
     /// `acked` of `n` taken deliveries were acked (the rest come back).
-    pub fn settled(&self, queue: &str, n: usize, acked: usize) {
+    pub(super) fn settled(&self, queue: &str, n: usize, acked: usize) {
         let mut s = self.lock();
         if acked > 0 {
             s.failing_since = None;
@@ -63,12 +63,12 @@ impl Progress {
     }
 
     /// A session started consuming.
-    pub fn session_up(&self) {
+    pub(super) fn session_up(&self) {
         self.lock().up_since = Some(Instant::now());
     }
 
     /// A session ended with `error`.
-    pub fn session_failed(&self, error: &str) {
+    pub(super) fn session_failed(&self, error: &str) {
         let mut s = self.lock();
         s.up_since = None;
         s.failing_since
@@ -80,7 +80,7 @@ impl Progress {
     }
 
     /// The stalled queues, each with why.
-    pub fn stalled(&self, queues: &[String], after: Duration) -> Vec<String> {
+    pub(super) fn stalled(&self, queues: &[String], after: Duration) -> Vec<String> {
         let mut s = self.lock();
         let now = Instant::now();
         // A session that has lasted `after` ends the failing stretch, even
@@ -117,7 +117,7 @@ impl Progress {
         out
     }
 
-    pub fn report(&self, queues: &[String], after: Duration, health: &Health, metrics: &Metrics) {
+    pub(super) fn report(&self, queues: &[String], after: Duration, health: &Health, metrics: &Metrics) {
         let stalled = self.stalled(queues, after);
         metrics
             .stalled_lanes

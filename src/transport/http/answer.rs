@@ -13,9 +13,9 @@ use std::time::Duration;
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// How soon to come back after a store outage or an unfinished request.
-pub const SOON: Duration = Duration::from_secs(1);
+pub(super) const SOON: Duration = Duration::from_secs(1);
 
-pub fn answer(verdict: Reply) -> Response {
+pub(super) fn answer(verdict: Reply) -> Response {
     use StatusCode as S;
     match verdict {
         Reply::Stored { result, replayed } => stored(result, replayed),
@@ -146,7 +146,7 @@ fn with_replayed(mut response: Response, replayed: bool) -> Response {
 }
 
 /// Nothing is served at this path.
-pub fn no_route(path: &str) -> Response {
+pub(super) fn no_route(path: &str) -> Response {
     Problem::new(
         StatusCode::NOT_FOUND,
         "no-route",
@@ -156,7 +156,7 @@ pub fn no_route(path: &str) -> Response {
     .into_response()
 }
 
-pub fn method_not_allowed() -> Response {
+pub(super) fn method_not_allowed() -> Response {
     Problem::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
@@ -167,7 +167,7 @@ pub fn method_not_allowed() -> Response {
     .into_response()
 }
 
-pub fn overloaded() -> Response {
+pub(super) fn overloaded() -> Response {
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "overloaded",
@@ -179,7 +179,7 @@ pub fn overloaded() -> Response {
 }
 
 /// The request took longer than `api.request_timeout` to arrive.
-pub fn body_timeout() -> Response {
+pub(super) fn body_timeout() -> Response {
     Problem::new(
         StatusCode::REQUEST_TIMEOUT,
         "request-timeout",
@@ -191,7 +191,7 @@ pub fn body_timeout() -> Response {
 
 /// The handler is still running past `api.request_timeout`; it keeps
 /// running and stores its outcome.
-pub fn still_running() -> Response {
+pub(super) fn still_running() -> Response {
     Problem::new(
         StatusCode::GATEWAY_TIMEOUT,
         "still-running",
@@ -202,7 +202,7 @@ pub fn still_running() -> Response {
     .into_response()
 }
 
-pub fn internal(detail: impl Into<String>) -> Response {
+pub(super) fn internal(detail: impl Into<String>) -> Response {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",

@@ -14,14 +14,14 @@ use subtle::ConstantTimeEq;
 /// API keys shorter than this are refused at start-up (guessable).
 const MIN_KEY_LEN: usize = 16;
 
-pub struct ApiKey {
+pub(super) struct ApiKey {
     /// SHA-256 of the key: compared in constant time, and the same length
     /// whatever the presented key's length.
     digest: [u8; 32],
     tenant: Tenant,
 }
 
-pub enum Callers {
+pub(super) enum Callers {
     Keys(Vec<ApiKey>),
     Gateway(HeaderName),
     /// Only webhook routes: their signature authenticates them.
@@ -29,7 +29,7 @@ pub enum Callers {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum AuthError {
+pub(super) enum AuthError {
     #[error("no credentials: send Authorization: Bearer <api key>")]
     Missing,
     #[error("the API key is not valid")]
@@ -51,7 +51,7 @@ impl From<AuthError> for Problem {
 }
 
 impl Callers {
-    pub fn load(api: &ApiSettings) -> Result<Self, ConfigError> {
+    pub(super) fn load(api: &ApiSettings) -> Result<Self, ConfigError> {
         match (&api.keys_file, &api.tenant_header) {
             (Some(path), _) => read_keys(path).map(Callers::Keys),
             (None, Some(name)) => HeaderName::from_bytes(name.as_bytes())
@@ -67,7 +67,7 @@ impl Callers {
         }
     }
 
-    pub fn tenant(&self, headers: &HeaderMap) -> Result<Tenant, AuthError> {
+    pub(super) fn tenant(&self, headers: &HeaderMap) -> Result<Tenant, AuthError> {
         match self {
             Callers::Keys(keys) => {
                 let presented = bearer(headers).ok_or(AuthError::Missing)?;

@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use futures::StreamExt;
 
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(super) enum BodyError {
     #[error("the body is larger than {0} bytes")]
     TooLarge(usize),
     #[error("the body could not be read: {0}")]
@@ -30,7 +30,7 @@ impl From<BodyError> for Problem {
 
 /// The whole body, refused as soon as it passes `limit` (a declared
 /// length already over it is refused before reading).
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
+pub(super) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// One authenticated request with its key, before any claim.
-pub struct KeyedRequest {
+pub(super) struct KeyedRequest {
     pub route: Arc<str>,
     pub tenant: Tenant,
     pub key: IdempotencyKey,
@@ -36,7 +36,7 @@ pub struct KeyedRequest {
 
 /// A stored outcome as an answer carries it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StoredReply {
+pub(super) struct StoredReply {
     /// The handler's status (not necessarily a valid HTTP status: a
     /// failure without an answer is stored as 0).
     pub status: i32,
@@ -46,7 +46,7 @@ pub struct StoredReply {
 
 /// What the API answers, whichever way it was decided.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
+pub(super) enum Reply {
     /// The key's stored outcome: fresh, or `replayed` for a repeat.
     Stored { result: StoredReply, replayed: bool },
     /// Another request holds the key's live lease.
@@ -74,7 +74,7 @@ pub enum Reply {
 }
 
 /// A command that passed the identity rules: ready to claim or publish.
-pub struct Checked {
+pub(super) struct Checked {
     incoming: Incoming,
     identity: Identity,
     fingerprint: Fingerprint,
@@ -83,7 +83,7 @@ pub struct Checked {
 /// What an async route publishes: the headers the consumers read the same
 /// tenant and key from, the body as received.
 #[derive(Debug, Clone)]
-pub struct Publication {
+pub(super) struct Publication {
     pub key: String,
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
@@ -105,11 +105,11 @@ fn text_headers(incoming: &Incoming) -> Vec<(String, Vec<u8>)> {
 }
 
 impl Checked {
-    pub fn identity(&self) -> &Identity {
+    pub(super) fn identity(&self) -> &Identity {
         &self.identity
     }
 
-    pub fn publication(&self) -> Publication {
+    pub(super) fn publication(&self) -> Publication {
         Publication {
             key: self.identity.key.as_str().to_string(),
             headers: text_headers(&self.incoming),
@@ -119,7 +119,7 @@ impl Checked {
 }
 
 #[derive(Clone)]
-pub struct Gate {
+pub(super) struct Gate {
     pipeline: Arc<dyn Pipeline>,
     store: Store,
     tenant_header: Arc<str>,
@@ -150,7 +150,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Gate {
-    pub fn new(
+    pub(super) fn new(
         pipeline: Arc<dyn Pipeline>,
         store: Store,
         identity: &IdentitySettings,
@@ -171,13 +171,13 @@ impl Gate {
         })
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(super) fn metrics(&self) -> &Metrics {
         self.pipeline.metrics()
     }
 
     /// A request refused before it became a message (no key, body over
     /// the limit): counted as invalid, like a queue message without a key.
-    pub fn count_invalid(&self) {
+    pub(super) fn count_invalid(&self) {
         self.count(Outcome::Invalid);
     }
 
@@ -190,7 +190,7 @@ impl Gate {
 
     /// Applies the identity rules of every transport (body size, JSON
     /// object, tenant, key, fingerprint). A refusal claims nothing.
-    pub fn check(&self, cmd: KeyedRequest) -> Result<Checked, Reply> {
+    pub(super) fn check(&self, cmd: KeyedRequest) -> Result<Checked, Reply> {
         let source = Source::Http {
             route: cmd.route.to_string(),
             request_id: self.next_request.fetch_add(1, Ordering::Relaxed),
@@ -221,7 +221,7 @@ impl Gate {
     /// being decided here is answered in flight at once, without taking a
     /// connection (a row locked elsewhere, or a slow handler, can then
     /// never fill the pool with waiting claims of one key).
-    pub async fn decide(&self, checked: Checked) -> Reply {
+    pub(super) async fn decide(&self, checked: Checked) -> Reply {
         let fresh = lock(&self.deciding).insert(checked.identity.clone());
         if !fresh {
             self.count(Outcome::InFlight);
@@ -322,7 +322,7 @@ impl Gate {
 
     /// Async routes: what a repeat of an accepted command gets, without
     /// claiming (the consumer claims). None: the key was never claimed.
-    pub async fn look_up(&self, checked: &Checked) -> Option<Reply> {
+    pub(super) async fn look_up(&self, checked: &Checked) -> Option<Reply> {
         let state = match self.store.lookup(&checked.identity).await {
             Ok(state) => state?,
             Err(e) => {

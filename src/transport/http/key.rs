@@ -8,13 +8,13 @@ use axum::http::{HeaderMap, HeaderName, StatusCode};
 use serde_json::Value;
 
 #[derive(Debug, Clone)]
-pub struct KeySource {
+pub(super) struct KeySource {
     pub header: Option<HeaderName>,
     pub pointer: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum KeyError {
+pub(super) enum KeyError {
     #[error("the idempotency key is required: {0}")]
     Missing(String),
     #[error("{0} is sent more than once")]
@@ -35,7 +35,7 @@ impl From<KeyError> for Problem {
 }
 
 impl KeySource {
-    pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<IdempotencyKey, KeyError> {
+    pub(super) fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<IdempotencyKey, KeyError> {
         if let Some(name) = &self.header {
             let mut values = headers.get_all(name).iter();
             match (values.next(), values.next()) {

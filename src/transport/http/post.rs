@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-pub struct ApiState {
+pub(super) struct ApiState {
     pub routes: HashMap<String, Route>,
     pub callers: Callers,
     pub gate: Gate,
@@ -34,7 +34,7 @@ pub struct ApiState {
     pub tasks: TaskTracker,
 }
 
-pub async fn handle(State(s): State<Arc<ApiState>>, name: String, request: Request) -> Response {
+pub(super) async fn handle(State(s): State<Arc<ApiState>>, name: String, request: Request) -> Response {
     let Some(route) = s.routes.get(&name) else {
         return answer::no_route(&format!("/v1/{name}"));
     };

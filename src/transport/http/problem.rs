@@ -6,10 +6,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use std::time::Duration;
 
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(super) const PROBLEM_JSON: &str = "application/problem+json";
 
 #[derive(Debug)]
-pub struct Problem {
+pub(super) struct Problem {
     pub status: StatusCode,
     /// The last part of the type URI `urn:dedupq:problem:<slug>`.
     pub slug: &'static str,
@@ -21,7 +21,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(
+    pub(super) fn new(
         status: StatusCode,
         slug: &'static str,
         title: &'static str,
@@ -37,19 +37,19 @@ impl Problem {
         }
     }
 
-    pub fn retry_after(mut self, after: Duration) -> Self {
+    pub(super) fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
 
-    pub fn with_header(mut self, name: HeaderName, value: &'static str) -> Self {
+    pub(super) fn with_header(mut self, name: HeaderName, value: &'static str) -> Self {
         self.header = Some((name, HeaderValue::from_static(value)));
         self
     }
 }
 
 /// Whole seconds, rounded up, at least 1 (`Retry-After` takes seconds).
-pub fn retry_after_secs(after: Duration) -> u64 {
+pub(super) fn retry_after_secs(after: Duration) -> u64 {
     (after.as_secs_f64().ceil() as u64).max(1)
 }
 

@@ -8,7 +8,7 @@ use crate::config::{ConfigError, RouteSettings, WebhookKind};
 use axum::http::HeaderName;
 use std::sync::Arc;
 
-pub struct Route {
+pub(super) struct Route {
     pub name: Arc<str>,
     pub key: KeySource,
     /// Webhook routes: the signature authenticates the sender. Others: the
@@ -19,7 +19,7 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn build(
+    pub(super) fn build(
         i: usize,
         r: &RouteSettings,
         publishers: &Publishers,

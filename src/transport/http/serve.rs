@@ -13,14 +13,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub struct Limits {
+pub(super) struct Limits {
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub header_timeout: Duration,
     pub shutdown_timeout: Duration,
 }
 
-pub async fn serve(
+pub(super) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,

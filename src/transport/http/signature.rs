@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 type HmacSha256 = Hmac<Sha256>;
 
 /// A webhook route's sender: its secrets, signature format and tenant.
-pub struct Webhook {
+pub(super) struct Webhook {
     kind: WebhookKind,
     header: HeaderName,
     /// Several while a secret is being rotated: any one may sign.
@@ -24,7 +24,7 @@ pub struct Webhook {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SignatureError {
+pub(super) enum SignatureError {
     #[error("no {0} header")]
     Missing(HeaderName),
     #[error("the {0} header is not in the sender's format")]
@@ -48,7 +48,7 @@ impl From<SignatureError> for Problem {
 
 impl Webhook {
     /// Reads the route's secret file; `i` names the route in errors.
-    pub fn load(i: usize, kind: WebhookKind, r: &RouteSettings) -> Result<Self, ConfigError> {
+    pub(super) fn load(i: usize, kind: WebhookKind, r: &RouteSettings) -> Result<Self, ConfigError> {
         let setting = |field: &str| format!("api.routes[{i}].{field}");
         let path = r.secret_file.as_deref().ok_or_else(|| {
             ConfigError::new(
@@ -107,7 +107,7 @@ impl Webhook {
     }
 
     /// Checks the signature of `body`; on success the sender's tenant.
-    pub fn authenticate(&self, headers: &HeaderMap, body: &[u8]) -> Result<Tenant, SignatureError> {
+    pub(super) fn authenticate(&self, headers: &HeaderMap, body: &[u8]) -> Result<Tenant, SignatureError> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);

@@ -21,7 +21,7 @@ fn admin(settings: &KafkaSettings) -> Result<AdminClient<DefaultClientContext>, 
 
 /// Topics dedupq produces to: the dead-letter topic of every source topic,
 /// and the reply topic.
-pub fn produced_topics(s: &KafkaSettings) -> Vec<String> {
+pub(super) fn produced_topics(s: &KafkaSettings) -> Vec<String> {
     s.topics
         .iter()
         .map(|t| format!("{t}{}", s.dlq_suffix))
@@ -32,7 +32,7 @@ pub fn produced_topics(s: &KafkaSettings) -> Vec<String> {
 /// Every topic dedupq produces to must exist: a dead letter that cannot be
 /// produced would hold its partition forever. Missing ones are created
 /// when `kafka.create_topics` allows it.
-pub async fn ensure_produced_topics(s: &KafkaSettings) -> Result<(), KafkaError> {
+pub(super) async fn ensure_produced_topics(s: &KafkaSettings) -> Result<(), KafkaError> {
     let admin = admin(s)?;
     let wanted = produced_topics(s);
     let existing = existing_topics(&admin).await?;

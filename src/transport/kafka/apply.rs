@@ -17,7 +17,7 @@ use std::time::Duration;
 const REPLY_TRIES: u32 = 3;
 
 /// What a batch task needs; shared by all of them.
-pub struct BatchContext {
+pub(super) struct BatchContext {
     pub pipeline: Arc<dyn Pipeline>,
     pub outbox: Outbox,
     pub ledger: Arc<Ledger>,
@@ -28,7 +28,7 @@ pub struct BatchContext {
 }
 
 /// Handed back to the consume loop.
-pub struct BatchDone {
+pub(super) struct BatchDone {
     pub lanes: Vec<Lane>,
     /// Messages without a durable outcome, in batch order, and how long to
     /// wait before trying them again.
@@ -47,7 +47,7 @@ enum Applied {
     Abandoned,
 }
 
-pub async fn run(shared: Arc<BatchContext>, mut batch: Vec<Held>) -> BatchDone {
+pub(super) async fn run(shared: Arc<BatchContext>, mut batch: Vec<Held>) -> BatchDone {
     let mut lanes: Vec<Lane> = Vec::new();
     for h in &batch {
         if !lanes.contains(&h.lane) {

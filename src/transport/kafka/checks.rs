@@ -4,7 +4,7 @@
 use super::error::KafkaError;
 use crate::config::KafkaSettings;
 
-pub fn validate(s: &KafkaSettings) -> Result<(), KafkaError> {
+pub(super) fn validate(s: &KafkaSettings) -> Result<(), KafkaError> {
     let bad = |setting, problem: &str| {
         Err(KafkaError::Config {
             setting,

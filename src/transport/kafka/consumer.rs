@@ -24,12 +24,12 @@ use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub type KafkaConsumer = StreamConsumer<Context>;
+pub(super) type KafkaConsumer = StreamConsumer<Context>;
 
 /// Pauses after the store failed a batch (or the provider is paused).
 const STORE_PAUSE: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
 
-pub struct Pump {
+pub(super) struct Pump {
     pub consumer: Arc<KafkaConsumer>,
     pub shared: Arc<BatchContext>,
     pub ledger: Arc<Ledger>,
@@ -50,7 +50,7 @@ pub struct Pump {
 }
 
 impl Pump {
-    pub fn new(
+    pub(super) fn new(
         consumer: Arc<KafkaConsumer>,
         shared: Arc<BatchContext>,
         ledger: Arc<Ledger>,
@@ -78,7 +78,7 @@ impl Pump {
 
     /// Runs until `shutdown`; then drains in-flight batches (bounded) and
     /// commits what is durable.
-    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), KafkaError> {
+    pub(super) async fn run(mut self, shutdown: CancellationToken) -> Result<(), KafkaError> {
         let consumer = self.consumer.clone();
         let mut commit_tick = tokio::time::interval(self.settings.commit_interval);
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -12,7 +12,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub struct Context {
+pub(super) struct Context {
     pub ledger: Arc<Ledger>,
     pub health: Health,
     pub metrics: Metrics,
@@ -20,7 +20,7 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn set_up(&self, up: bool) {
+    pub(super) fn set_up(&self, up: bool) {
         self.health.set(Component::Kafka, up);
         self.metrics
             .broker_up
@@ -60,7 +60,7 @@ impl Context {
 }
 
 /// Commits `positions` (next offset to consume per partition).
-pub fn commit<C: ConsumerContext>(
+pub(super) fn commit<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     positions: &[(Tp, i64)],
     mode: CommitMode,

@@ -7,7 +7,7 @@ use super::outbox::Record;
 use crate::engine::{DeadLetterReason, Decision, Header, Source};
 use crate::transport::envelope::{self, Origin};
 
-pub fn record(
+pub(super) fn record(
     held: &Held,
     decision: &Decision,
     reason: &DeadLetterReason,

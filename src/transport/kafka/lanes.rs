@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
-pub struct Lanes {
+pub(super) struct Lanes {
     lanes: HashMap<Tp, Queue>,
     /// Messages held per partition before fetching from it pauses.
     limit: usize,
@@ -30,13 +30,13 @@ pub struct Lanes {
 
 /// Fetching to pause or resume, per partition.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Flow {
+pub(super) struct Flow {
     pub pause: Vec<Tp>,
     pub resume: Vec<Tp>,
 }
 
 impl Lanes {
-    pub fn new(limit: usize, max_bytes: usize) -> Self {
+    pub(super) fn new(limit: usize, max_bytes: usize) -> Self {
         Self {
             lanes: HashMap::new(),
             limit,
@@ -48,7 +48,7 @@ impl Lanes {
     }
 
     /// Queues a fetched message; says which partitions to pause.
-    pub fn push(&mut self, held: Held) -> Flow {
+    pub(super) fn push(&mut self, held: Held) -> Flow {
         let size = held.size();
         let q = self
             .lanes
@@ -85,7 +85,7 @@ impl Lanes {
     }
 
     /// Messages that a batch could take now.
-    pub fn ready(&self, now: Instant) -> usize {
+    pub(super) fn ready(&self, now: Instant) -> usize {
         self.lanes
             .values()
             .filter(|q| q.ready(now))
@@ -95,7 +95,7 @@ impl Lanes {
 
     /// Messages waiting for a batch in partitions not waiting out a retry:
     /// work this process already has in hand.
-    pub fn backlog(&self, now: Instant) -> usize {
+    pub(super) fn backlog(&self, now: Instant) -> usize {
         self.lanes
             .values()
             .filter(|q| q.blocked_until.is_none_or(|t| t <= now))
@@ -104,7 +104,7 @@ impl Lanes {
     }
 
     /// When the earliest partition that waits out a retry becomes ready.
-    pub fn next_unblock(&self) -> Option<Instant> {
+    pub(super) fn next_unblock(&self) -> Option<Instant> {
         self.lanes
             .values()
             .filter(|q| q.open())
@@ -114,7 +114,7 @@ impl Lanes {
 
     /// Takes up to `max` messages from ready partitions, oldest first, as
     /// one batch; returns its number (for `finished`) and its messages.
-    pub fn take_batch(&mut self, now: Instant, max: usize) -> (u64, Vec<Held>) {
+    pub(super) fn take_batch(&mut self, now: Instant, max: usize) -> (u64, Vec<Held>) {
         self.last_batch += 1;
         let id = self.last_batch;
         let mut ready: Vec<&mut Queue> = self.lanes.values_mut().filter(|q| q.ready(now)).collect();
@@ -133,7 +133,7 @@ impl Lanes {
     /// Batch `id` released `lane`: `retries` go back in offset order and
     /// hold the partition for `after`. Says which partitions may fetch
     /// again.
-    pub fn finished(&mut self, lane: &Lane, id: u64, retries: Vec<Held>, after: Duration) -> Flow {
+    pub(super) fn finished(&mut self, lane: &Lane, id: u64, retries: Vec<Held>, after: Duration) -> Flow {
         let mut flow = Flow::default();
         let Some(q) = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane) else {
             return flow;
@@ -156,7 +156,7 @@ impl Lanes {
     }
 
     /// Drops the queues of partitions this member no longer owns.
-    pub fn retain(&mut self, owns: impl Fn(&Lane) -> bool) {
+    pub(super) fn retain(&mut self, owns: impl Fn(&Lane) -> bool) {
         let mut freed = 0;
         self.lanes.retain(|_, q| {
             let keep = owns(&q.lane);
@@ -170,7 +170,7 @@ impl Lanes {
 
     /// Partitions with messages waiting (or in a batch) that made no
     /// progress for `after`.
-    pub fn stalled(&self, now: Instant, after: Duration) -> Vec<(Tp, Duration)> {
+    pub(super) fn stalled(&self, now: Instant, after: Duration) -> Vec<(Tp, Duration)> {
         let mut out: Vec<(Tp, Duration)> = self
             .lanes
             .values()
@@ -187,7 +187,7 @@ impl Lanes {
         out
     }
 
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.bytes
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 /// A topic partition.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Tp {
+pub(super) struct Tp {
     pub topic: String,
     pub partition: i32,
 }
@@ -25,13 +25,13 @@ impl fmt::Display for Tp {
 /// the same partition are different lanes: late results of the old one are
 /// ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Lane {
+pub(super) struct Lane {
     pub tp: Tp,
     pub generation: u64,
 }
 
 #[derive(Default)]
-pub struct Ledger {
+pub(super) struct Ledger {
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -55,7 +55,7 @@ impl Ledger {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn assign(&self, tps: impl IntoIterator<Item = Tp>) {
+    pub(super) fn assign(&self, tps: impl IntoIterator<Item = Tp>) {
         let mut s = self.lock();
         for tp in tps {
             s.generations += 1;
@@ -71,7 +71,7 @@ impl Ledger {
 
     /// Registers a fetched message; the lane it belongs to, or None when the
     /// partition is not owned or the offset was seen already.
-    pub fn received(&self, tp: &Tp, offset: i64) -> Option<Lane> {
+    pub(super) fn received(&self, tp: &Tp, offset: i64) -> Option<Lane> {
         let mut s = self.lock();
         let part = s.parts.get_mut(tp)?;
         // Where this member started is committed already (or is the log
@@ -85,18 +85,18 @@ impl Ledger {
 
     /// The offset this member started consuming `tp` from (or committed
     /// since), once it received a message of it.
-    pub fn started_at(&self, tp: &Tp) -> Option<i64> {
+    pub(super) fn started_at(&self, tp: &Tp) -> Option<i64> {
         self.lock().parts.get(tp).and_then(|p| p.committed)
     }
 
-    pub fn owns(&self, lane: &Lane) -> bool {
+    pub(super) fn owns(&self, lane: &Lane) -> bool {
         self.lock()
             .parts
             .get(&lane.tp)
             .is_some_and(|p| p.generation == lane.generation)
     }
 
-    pub fn batch_started(&self, lanes: &[Lane]) {
+    pub(super) fn batch_started(&self, lanes: &[Lane]) {
         let mut s = self.lock();
         for lane in lanes {
             if let Some(p) = s.parts.get_mut(&lane.tp) {
@@ -109,7 +109,7 @@ impl Ledger {
 
     /// Records the durable outcomes of a finished batch and wakes a revoke
     /// that waits for it.
-    pub fn batch_finished(&self, lanes: &[Lane], durable: &[(Lane, i64)]) {
+    pub(super) fn batch_finished(&self, lanes: &[Lane], durable: &[(Lane, i64)]) {
         let mut s = self.lock();
         for (lane, offset) in durable {
             if let Some(p) = s.parts.get_mut(&lane.tp) {
@@ -131,7 +131,7 @@ impl Ledger {
 
     /// Forgets every running batch (their tasks were aborted): their
     /// messages stay uncommitted and come back.
-    pub fn abandon_batches(&self) {
+    pub(super) fn abandon_batches(&self) {
         let mut s = self.lock();
         for p in s.parts.values_mut() {
             p.batches = 0;
@@ -142,7 +142,7 @@ impl Ledger {
 
     /// Waits until no batch holds any of `tps`, or the deadline. True when
     /// they are all idle.
-    pub fn wait_idle(&self, tps: &[Tp], deadline: Instant) -> bool {
+    pub(super) fn wait_idle(&self, tps: &[Tp], deadline: Instant) -> bool {
         let mut s = self.lock();
         loop {
             let busy = tps
@@ -165,7 +165,7 @@ impl Ledger {
 
     /// Commit positions that are ahead of the last confirmed commit; all
     /// owned partitions, or only `only`.
-    pub fn to_commit(&self, only: Option<&[Tp]>) -> Vec<(Tp, i64)> {
+    pub(super) fn to_commit(&self, only: Option<&[Tp]>) -> Vec<(Tp, i64)> {
         let s = self.lock();
         s.parts
             .iter()
@@ -180,13 +180,13 @@ impl Ledger {
     }
 
     /// The broker confirmed a commit.
-    pub fn committed(&self, tp: &Tp, offset: i64) {
+    pub(super) fn committed(&self, tp: &Tp, offset: i64) {
         if let Some(p) = self.lock().parts.get_mut(tp) {
             p.committed = Some(p.committed.map_or(offset, |c| c.max(offset)));
         }
     }
 
-    pub fn remove(&self, tps: &[Tp]) {
+    pub(super) fn remove(&self, tps: &[Tp]) {
         let mut s = self.lock();
         for tp in tps {
             s.parts.remove(tp);
@@ -195,12 +195,12 @@ impl Ledger {
         self.changed.notify_all();
     }
 
-    pub fn owned(&self) -> Vec<Tp> {
+    pub(super) fn owned(&self) -> Vec<Tp> {
         self.lock().parts.keys().cloned().collect()
     }
 
     /// Messages received and not yet durable, over all partitions.
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.lock()
             .parts
             .values()

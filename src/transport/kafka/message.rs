@@ -13,7 +13,7 @@ const CONTENT_TYPE: &str = "content-type";
 
 /// A record this member owns until its outcome is durable.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub(super) struct Held {
     pub lane: Lane,
     pub offset: i64,
     /// The record's Kafka key, kept for its dead letter.
@@ -27,7 +27,7 @@ pub struct Held {
 impl Held {
     /// Never fails: missing payloads and header values become empty, and
     /// the engine decides whether that is valid.
-    pub fn from_record(lane: Lane, msg: &BorrowedMessage<'_>) -> Self {
+    pub(super) fn from_record(lane: Lane, msg: &BorrowedMessage<'_>) -> Self {
         let headers = headers::of(msg);
         let content_type = headers
             .iter()
@@ -55,7 +55,7 @@ impl Held {
     }
 
     /// Bytes this record holds in memory (for the buffer's byte bound).
-    pub fn size(&self) -> usize {
+    pub(super) fn size(&self) -> usize {
         let headers: usize = self
             .incoming
             .headers

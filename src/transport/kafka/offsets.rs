@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 #[derive(Debug, Default, Clone)]
-pub struct OffsetTracker {
+pub(super) struct OffsetTracker {
     /// Received, outcome not durable yet.
     pending: BTreeSet<i64>,
     /// One past the highest offset received.
@@ -15,7 +15,7 @@ pub struct OffsetTracker {
 impl OffsetTracker {
     /// Registers a fetched message. False when the offset was seen before
     /// (librdkafka refetches after a pause): the caller drops that copy.
-    pub fn received(&mut self, offset: i64) -> bool {
+    pub(super) fn received(&mut self, offset: i64) -> bool {
         if self.next.is_some_and(|next| offset < next) {
             return false;
         }
@@ -25,17 +25,17 @@ impl OffsetTracker {
     }
 
     /// The message at `offset` has a durable outcome.
-    pub fn done(&mut self, offset: i64) {
+    pub(super) fn done(&mut self, offset: i64) {
         self.pending.remove(&offset);
     }
 
     /// The offset to commit: the first one without a durable outcome, or
     /// one past everything received. None before the first message.
-    pub fn position(&self) -> Option<i64> {
+    pub(super) fn position(&self) -> Option<i64> {
         self.pending.first().copied().or(self.next)
     }
 
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.pending.len()
     }
 }

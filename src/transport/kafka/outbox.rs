@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 /// A record to produce. Header names are bytes: a dead letter keeps the
 /// original headers, whatever their names.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Record {
+pub(super) struct Record {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
@@ -23,7 +23,7 @@ pub struct Record {
 
 /// How hard to try.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Persist {
+pub(super) enum Persist {
     /// Until confirmed (a dead letter: the source offset waits for it), or
     /// shutdown.
     UntilConfirmed,
@@ -32,7 +32,7 @@ pub enum Persist {
     Tries(u32),
 }
 
-pub struct Outbox {
+pub(super) struct Outbox {
     pub producer: FutureProducer,
     /// Longest wait for room in librdkafka's local queue.
     pub queue_timeout: Duration,
@@ -44,7 +44,7 @@ const BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from
 impl Outbox {
     /// Produces `record` until the broker confirms it, as hard as
     /// `persist` says; gives up at once on shutdown.
-    pub async fn send(&self, record: &Record, persist: Persist) -> Result<(), ProduceError> {
+    pub(super) async fn send(&self, record: &Record, persist: Persist) -> Result<(), ProduceError> {
         let mut attempt = 1;
         loop {
             let sent = tokio::select! {

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 /// Batches of one partition in flight at once: with two, the claims of one
 /// overlap the finishes of the other; a third kept PostgreSQL busier still
 /// (8% more messages a second at one partition here, 2 cores).
-pub const FLIGHTS: usize = 3;
+pub(super) const FLIGHTS: usize = 3;
 
-pub struct Queue {
+pub(super) struct Queue {
     pub lane: Lane,
     pub waiting: VecDeque<Held>,
     flights: Vec<Flight>,
@@ -43,7 +43,7 @@ struct Flight {
 }
 
 impl Queue {
-    pub fn new(lane: &Lane) -> Self {
+    pub(super) fn new(lane: &Lane) -> Self {
         Self {
             lane: lane.clone(),
             waiting: VecDeque::new(),
@@ -56,17 +56,17 @@ impl Queue {
     }
 
     /// Messages waiting or in flight.
-    pub fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         self.waiting.len() + self.flights.iter().map(|f| f.count).sum::<usize>()
     }
 
     /// Room for another batch, and messages waiting for one.
-    pub fn open(&self) -> bool {
+    pub(super) fn open(&self) -> bool {
         self.flights.len() < FLIGHTS && !self.waiting.is_empty()
     }
 
     /// Its head message can join a batch now.
-    pub fn ready(&self, now: Instant) -> bool {
+    pub(super) fn ready(&self, now: Instant) -> bool {
         self.open()
             && self.blocked_until.is_none_or(|t| t <= now)
             && self.fits_beside(self.waiting.front().and_then(|h| h.hint))
@@ -82,7 +82,7 @@ impl Queue {
 
     /// Moves up to `room` messages from the head into batch `id`, stopping
     /// at the first that may not run beside the batches in flight.
-    pub fn take(&mut self, id: u64, room: usize, into: &mut Vec<Held>) {
+    pub(super) fn take(&mut self, id: u64, room: usize, into: &mut Vec<Held>) {
         let mut flight = Flight {
             id,
             count: 0,
@@ -115,7 +115,7 @@ impl Queue {
 
     /// Batch `id` ended: `retries` go back in offset order and hold the
     /// partition for `after`. Returns the bytes it no longer holds.
-    pub fn land(&mut self, id: u64, retries: Vec<Held>, after: Duration) -> usize {
+    pub(super) fn land(&mut self, id: u64, retries: Vec<Held>, after: Duration) -> usize {
         let Some(at) = self.flights.iter().position(|f| f.id == id) else {
             return 0;
         };

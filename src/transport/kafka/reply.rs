@@ -9,7 +9,7 @@ use crate::transport::envelope;
 /// None for a decision without an identity (only invalid messages, which
 /// are dead-lettered, have none). The request's headers follow dedupq's,
 /// so correlation ids travel back.
-pub fn record(
+pub(super) fn record(
     topic: &str,
     decision: &Decision,
     result: &StoredResult,

@@ -3,11 +3,11 @@
 
 use super::RawAmqpError;
 
-pub const FRAME_METHOD: u8 = 1;
-pub const FRAME_HEADER: u8 = 2;
-pub const FRAME_BODY: u8 = 3;
-pub const FRAME_HEARTBEAT: u8 = 8;
-pub const FRAME_END: u8 = 0xCE;
+pub(super) const FRAME_METHOD: u8 = 1;
+pub(super) const FRAME_HEADER: u8 = 2;
+pub(super) const FRAME_BODY: u8 = 3;
+pub(super) const FRAME_HEARTBEAT: u8 = 8;
+pub(super) const FRAME_END: u8 = 0xCE;
 
 /// A field-table value. Strings are bytes: the broker does not check them.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,43 +39,43 @@ pub type Table = Vec<(Vec<u8>, FieldValue)>;
 
 /// Appends big-endian fields to a frame payload.
 #[derive(Default)]
-pub struct Writer(pub Vec<u8>);
+pub(super) struct Writer(pub Vec<u8>);
 
 impl Writer {
-    pub fn u8(&mut self, v: u8) -> &mut Self {
+    pub(super) fn u8(&mut self, v: u8) -> &mut Self {
         self.0.push(v);
         self
     }
 
-    pub fn u16(&mut self, v: u16) -> &mut Self {
+    pub(super) fn u16(&mut self, v: u16) -> &mut Self {
         self.0.extend_from_slice(&v.to_be_bytes());
         self
     }
 
-    pub fn u32(&mut self, v: u32) -> &mut Self {
+    pub(super) fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_be_bytes());
         self
     }
 
-    pub fn u64(&mut self, v: u64) -> &mut Self {
+    pub(super) fn u64(&mut self, v: u64) -> &mut Self {
         self.0.extend_from_slice(&v.to_be_bytes());
         self
     }
 
-    pub fn short_str(&mut self, s: &[u8]) -> Result<&mut Self, RawAmqpError> {
+    pub(super) fn short_str(&mut self, s: &[u8]) -> Result<&mut Self, RawAmqpError> {
         let len = u8::try_from(s.len()).map_err(|_| RawAmqpError::TooLong(s.len()))?;
         self.0.push(len);
         self.0.extend_from_slice(s);
         Ok(self)
     }
 
-    pub fn long_str(&mut self, s: &[u8]) -> &mut Self {
+    pub(super) fn long_str(&mut self, s: &[u8]) -> &mut Self {
         self.u32(s.len() as u32);
         self.0.extend_from_slice(s);
         self
     }
 
-    pub fn table(&mut self, table: &Table) -> Result<&mut Self, RawAmqpError> {
+    pub(super) fn table(&mut self, table: &Table) -> Result<&mut Self, RawAmqpError> {
         let mut inner = Writer::default();
         for (key, value) in table {
             inner.short_str(key)?;
@@ -112,10 +112,10 @@ impl Writer {
 }
 
 /// Reads big-endian fields from a frame payload.
-pub struct Reader<'a>(pub &'a [u8]);
+pub(super) struct Reader<'a>(pub &'a [u8]);
 
 impl<'a> Reader<'a> {
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], RawAmqpError> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], RawAmqpError> {
         if self.0.len() < n {
             return Err(RawAmqpError::Protocol("a frame ended early".into()));
         }
@@ -124,33 +124,33 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    pub fn u8(&mut self) -> Result<u8, RawAmqpError> {
+    pub(super) fn u8(&mut self) -> Result<u8, RawAmqpError> {
         Ok(self.take(1)?[0])
     }
 
-    pub fn u16(&mut self) -> Result<u16, RawAmqpError> {
+    pub(super) fn u16(&mut self) -> Result<u16, RawAmqpError> {
         Ok(u16::from_be_bytes(self.take(2)?.try_into().unwrap()))
     }
 
-    pub fn u32(&mut self) -> Result<u32, RawAmqpError> {
+    pub(super) fn u32(&mut self) -> Result<u32, RawAmqpError> {
         Ok(u32::from_be_bytes(self.take(4)?.try_into().unwrap()))
     }
 
-    pub fn u64(&mut self) -> Result<u64, RawAmqpError> {
+    pub(super) fn u64(&mut self) -> Result<u64, RawAmqpError> {
         Ok(u64::from_be_bytes(self.take(8)?.try_into().unwrap()))
     }
 
-    pub fn short_str(&mut self) -> Result<Vec<u8>, RawAmqpError> {
+    pub(super) fn short_str(&mut self) -> Result<Vec<u8>, RawAmqpError> {
         let len = self.u8()? as usize;
         Ok(self.take(len)?.to_vec())
     }
 
-    pub fn long_str(&mut self) -> Result<Vec<u8>, RawAmqpError> {
+    pub(super) fn long_str(&mut self) -> Result<Vec<u8>, RawAmqpError> {
         let len = self.u32()? as usize;
         Ok(self.take(len)?.to_vec())
     }
 
-    pub fn table(&mut self) -> Result<Table, RawAmqpError> {
+    pub(super) fn table(&mut self) -> Result<Table, RawAmqpError> {
         let raw = self.long_str()?;
         let mut inner = Reader(&raw);
         let mut out = Vec::new();
@@ -203,14 +203,14 @@ impl<'a> Reader<'a> {
 }
 
 /// One frame: `type, channel, size, payload, 0xCE`.
-pub fn frame(kind: u8, channel: u16, payload: &[u8]) -> Vec<u8> {
+pub(super) fn frame(kind: u8, channel: u16, payload: &[u8]) -> Vec<u8> {
     let mut w = Writer::default();
     w.u8(kind).u16(channel).long_str(payload).u8(FRAME_END);
     w.0
 }
 
 /// A method frame's payload: class and method ids, then the arguments.
-pub fn method(class: u16, method: u16) -> Writer {
+pub(super) fn method(class: u16, method: u16) -> Writer {
     let mut w = Writer::default();
     w.u16(class).u16(method);
     w

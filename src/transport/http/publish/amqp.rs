@@ -14,14 +14,14 @@ use tokio::sync::Mutex;
 /// Survives a broker restart in a durable queue.
 const PERSISTENT: u8 = 2;
 
-pub struct AmqpPublisher {
+pub(crate) struct AmqpPublisher {
     settings: AmqpSettings,
     /// The connection is kept with its channel: dropping it closes both.
     open: Mutex<Option<(Connection, Publisher)>>,
 }
 
 impl AmqpPublisher {
-    pub fn new(s: &AmqpSettings) -> Self {
+    pub(crate) fn new(s: &AmqpSettings) -> Self {
         Self {
             settings: s.clone(),
             open: Mutex::new(None),
@@ -45,7 +45,7 @@ impl AmqpPublisher {
         *self.open.lock().await = None;
     }
 
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         exchange: &str,
         routing_key: &str,

@@ -9,14 +9,14 @@ use crate::transport::http::decide::Publication;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 
-pub struct KafkaPublisher {
+pub(crate) struct KafkaPublisher {
     producer: FutureProducer,
     /// Longest wait for room in librdkafka's local queue.
     queue_timeout: Duration,
 }
 
 impl KafkaPublisher {
-    pub fn new(s: &KafkaSettings) -> Result<Self, rdkafka::error::KafkaError> {
+    pub(crate) fn new(s: &KafkaSettings) -> Result<Self, rdkafka::error::KafkaError> {
         Ok(Self {
             producer: kafka::producer(s, Producing::Api).create()?,
             queue_timeout: s.produce_timeout,
@@ -25,7 +25,7 @@ impl KafkaPublisher {
 
     /// Keyed by the idempotency key, so every copy of one command lands in
     /// the same partition and is consumed in order.
-    pub async fn send(&self, topic: &str, m: &Publication) -> Result<(), PublishError> {
+    pub(crate) async fn send(&self, topic: &str, m: &Publication) -> Result<(), PublishError> {
         let list: Vec<Header> = m
             .headers
             .iter()

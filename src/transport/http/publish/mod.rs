@@ -5,8 +5,8 @@
 mod amqp;
 mod kafka;
 
-pub use amqp::AmqpPublisher;
-pub use kafka::KafkaPublisher;
+pub(super) use amqp::AmqpPublisher;
+pub(super) use kafka::KafkaPublisher;
 
 use super::answer::SOON;
 use super::decide::Publication;
@@ -16,7 +16,7 @@ use axum::http::StatusCode;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PublishError {
+pub(super) enum PublishError {
     #[error("Kafka did not confirm the record on {topic}")]
     Kafka {
         topic: String,
@@ -46,14 +46,14 @@ impl From<PublishError> for Problem {
 
 /// The broker clients of the configured async routes, shared by routes.
 #[derive(Default)]
-pub struct Publishers {
+pub(super) struct Publishers {
     kafka: Option<Arc<KafkaPublisher>>,
     amqp: Option<Arc<AmqpPublisher>>,
 }
 
 /// Where one async route publishes.
 #[derive(Clone)]
-pub enum Destination {
+pub(super) enum Destination {
     Kafka {
         publisher: Arc<KafkaPublisher>,
         topic: String,
@@ -67,7 +67,7 @@ pub enum Destination {
 
 impl Publishers {
     /// Clients only for the brokers some route publishes to.
-    pub fn new(s: &Settings) -> Result<Self, rdkafka::error::KafkaError> {
+    pub(super) fn new(s: &Settings) -> Result<Self, rdkafka::error::KafkaError> {
         let targets: Vec<&PublishTarget> = s
             .api
             .routes
@@ -86,7 +86,7 @@ impl Publishers {
         Ok(Self { kafka, amqp })
     }
 
-    pub fn destination(&self, target: &PublishTarget) -> Option<Destination> {
+    pub(super) fn destination(&self, target: &PublishTarget) -> Option<Destination> {
         Some(match target {
             PublishTarget::Kafka { topic } => Destination::Kafka {
                 publisher: self.kafka.clone()?,
@@ -106,7 +106,7 @@ impl Publishers {
 
 impl Destination {
     /// Returns once the broker confirmed the message.
-    pub async fn publish(&self, message: &Publication) -> Result<(), PublishError> {
+    pub(super) async fn publish(&self, message: &Publication) -> Result<(), PublishError> {
         match self {
             Destination::Kafka { publisher, topic } => publisher.send(topic, message).await,
             Destination::Amqp {
