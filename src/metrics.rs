@@ -330,6 +330,9 @@ impl Inner {
         for reason in HANDLER_FAULT_REASONS {
             self.handler_faults.with_label_values(&[reason]);
         }
+        for class in crate::store::STORE_ERROR_CLASSES {
+            self.store_errors.with_label_values(&[class]);
+        }
         for transport in Transport::BROKERS {
             self.replies_failed.with_label_values(&[transport.label()]);
             self.stalled_lanes.with_label_values(&[transport.label()]);
