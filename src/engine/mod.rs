@@ -14,6 +14,7 @@ mod call;
 mod claim;
 mod decision;
 mod finish;
+mod group;
 mod inner;
 mod lease;
 mod leased;
