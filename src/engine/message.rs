@@ -138,7 +138,7 @@ impl Parser {
     pub fn identity_hint(&self, msg: &Incoming) -> Option<u64> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::hash::DefaultHasher::new();
-        msg.header(&self.key_header)?.hash(&mut hasher);
+        crate::identity::unquote(msg.header(&self.key_header)?).hash(&mut hasher);
         match &self.tenant {
             TenantSource::Header { name } => msg.header(name).hash(&mut hasher),
             TenantSource::Fixed { .. } => {}
@@ -172,12 +172,13 @@ impl Parser {
             TenantSource::Body { pointer } => Tenant::parse(text_at(&body, pointer)),
         }
         .map_err(InvalidReason::Tenant)?;
-        let key_bytes = match (msg.header(&self.key_header), &self.key_pointer) {
-            (Some(raw), _) => raw,
-            (None, Some(pointer)) => text_at(&body, pointer),
-            (None, None) => &[],
-        };
-        let key = IdempotencyKey::parse(key_bytes).map_err(InvalidReason::Key)?;
+        let key = match (msg.header(&self.key_header), &self.key_pointer) {
+            // The same rule as the HTTP API's: `"order-1"` is `order-1`.
+            (Some(raw), _) => IdempotencyKey::from_header(raw),
+            (None, Some(pointer)) => IdempotencyKey::parse(text_at(&body, pointer)),
+            (None, None) => IdempotencyKey::parse(&[]),
+        }
+        .map_err(InvalidReason::Key)?;
         let identity = Identity { tenant, key };
         Ok(Parsed {
             fingerprint: self.fingerprint.fingerprint_lazily(&body, &msg.body),
