@@ -104,6 +104,7 @@ async fn claim(
                 body: msg.body.clone(),
                 content_type: msg.content_type.clone(),
                 derived_key: p.parsed.derived_key.clone(),
+                route: p.parsed.route.clone(),
             }
         })
         .collect();

@@ -200,6 +200,7 @@ pub(super) struct ClaimRow {
     pub body: Vec<u8>,
     pub content_type: Option<String>,
     pub derived_key: String,
+    pub route: Option<String>,
 }
 
 /// The claim statement, for this process's owner name and lease.
@@ -226,6 +227,7 @@ impl Statement for Claims {
                 body: &r.body,
                 content_type: r.content_type.as_deref(),
                 derived_key: &r.derived_key,
+                route: r.route.as_deref(),
             })
             .collect();
         store.claim_batch(&requests, &self.owner, self.lease).await

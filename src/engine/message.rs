@@ -90,7 +90,15 @@ pub struct Parsed {
     pub fingerprint: Fingerprint,
     /// The key sent to the provider, if this message's claim creates the key.
     pub derived_key: String,
+    /// The HTTP route the key belongs to: the route of a sync request, or
+    /// the route an async request was accepted on (the `dedupq-route`
+    /// header it is published with). None for other queue messages, which
+    /// share every route's keys.
+    pub route: Option<String>,
 }
+
+/// The header an async route's message carries its route in.
+pub const ROUTE_HEADER: &str = "dedupq-route";
 
 /// Applies the identity rules of the configuration to deliveries.
 #[derive(Debug, Clone)]
@@ -180,10 +188,18 @@ impl Parser {
         }
         .map_err(InvalidReason::Key)?;
         let identity = Identity { tenant, key };
+        let route = match &msg.source {
+            Source::Http { route, .. } => Some(route.clone()),
+            _ => msg
+                .header(ROUTE_HEADER)
+                .and_then(|r| std::str::from_utf8(r).ok())
+                .map(str::to_string),
+        };
         Ok(Parsed {
             fingerprint: self.fingerprint.fingerprint_lazily(&body, &msg.body),
             derived_key: self.derived_key.derive(&identity),
             identity,
+            route,
         })
     }
 

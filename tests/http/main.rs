@@ -12,6 +12,7 @@ mod bench;
 mod config;
 mod crash;
 mod cross_transport;
+mod key_routes;
 mod read_only;
 mod requests;
 mod row_lock;

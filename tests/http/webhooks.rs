@@ -123,7 +123,7 @@ async fn a_signed_stripe_event_delivered_three_times_two_at_once_is_processed_on
     assert_eq!((third.status, third.replayed()), (201, true), "{third:?}");
 
     assert_eq!(provider.stats().await.charges, 1, "processed once");
-    let charges = provider.charges_for("acme:evt_1NZ").await;
+    let charges = provider.charges_for("acme:webhook/stripe/evt_1NZ").await;
     assert_eq!(
         charges.len(),
         1,
@@ -196,7 +196,7 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     assert_eq!((redelivered.status, redelivered.replayed()), (201, true));
     assert_eq!(
         provider
-            .charges_for("acme:72d3162e-cc78-11e3-81ab-4c9367dc0958")
+            .charges_for("acme:webhook/github/72d3162e-cc78-11e3-81ab-4c9367dc0958")
             .await
             .len(),
         1
@@ -212,11 +212,58 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     ];
     assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
     assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
-    assert_eq!(provider.charges_for("acme:inv-7").await.len(), 1);
+    assert_eq!(
+        provider
+            .charges_for("acme:webhook/events/inv-7")
+            .await
+            .len(),
+        1
+    );
     let unsigned = vec![("X-Event-Id", "inv-8".to_string())];
     assert_eq!(
         deliver(&app, "events", &unsigned, event).await.problem(401),
         "urn:dedupq:problem:bad-signature"
     );
     assert_eq!(app.status("acme", "inv-8").await, None);
+}
+
+/// An API caller of the webhook's tenant sends a Stripe event id (seen in
+/// a dashboard) as its own `Idempotency-Key` on `/v1/payments` first. The
+/// signed deliveries of that event still run: webhook routes keep their
+/// event ids in a namespace of their own, which API keys may not enter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_caller_using_a_webhook_event_id_as_its_key_never_blocks_the_signed_deliveries() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = App::with(&provider, |s, dir| {
+        s.api.routes.extend(routes(dir));
+    })
+    .await;
+    let by_caller = app
+        .pay("evt_1NZ", r#"{"amount": 5, "currency": "EUR"}"#)
+        .await;
+    assert_eq!(by_caller.status, 201, "{by_caller:?}");
+
+    for n in 1..=3 {
+        let signed = vec![("Stripe-Signature", stripe_signature(now(), EVENT))];
+        let r = deliver(&app, "stripe", &signed, EVENT).await;
+        assert_eq!(r.status, 201, "delivery {n}: {r:?}");
+        assert_eq!(r.replayed(), n > 1, "delivery {n}: {r:?}");
+    }
+    assert_eq!(
+        provider.stats().await.charges,
+        2,
+        "the caller's and the event's"
+    );
+
+    let squatting = app
+        .pay(
+            "webhook/stripe/evt_2",
+            r#"{"amount": 5, "currency": "EUR"}"#,
+        )
+        .await;
+    assert_eq!(
+        squatting.problem(400),
+        "urn:dedupq:problem:invalid-key",
+        "the webhooks' namespace is theirs"
+    );
 }

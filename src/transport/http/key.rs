@@ -21,6 +21,8 @@ pub enum KeyError {
     Repeated(HeaderName),
     #[error("{0}")]
     Invalid(#[from] IdentityError),
+    #[error("keys starting with {0:?} belong to the webhook routes")]
+    Reserved(&'static str),
 }
 
 impl From<KeyError> for Problem {

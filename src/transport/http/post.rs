@@ -81,10 +81,14 @@ async fn accept(
         Sender::Caller(tenant) => tenant,
         Sender::Signed(hook) => hook.authenticate(&parts.headers, &body).map_err(problem)?,
     };
-    let key = route.key.extract(&parts.headers, &body).map_err(|e| {
-        s.gate.count_invalid();
-        problem(e)
-    })?;
+    let key = route
+        .key
+        .extract(&parts.headers, &body)
+        .and_then(|key| route.namespaced(key))
+        .map_err(|e| {
+            s.gate.count_invalid();
+            problem(e)
+        })?;
     let content_type = parts
         .headers
         .get(axum::http::header::CONTENT_TYPE)
