@@ -163,8 +163,19 @@ async fn a_tampered_body_or_an_expired_timestamp_answers_401_and_leaves_no_key()
     assert_eq!(count_rows(&app.store).await, 1);
 }
 
+/// The key a sender that does not sign its event id is claimed under:
+/// the signed body's SHA-256, in the route's namespace.
+fn body_key(route: &str, body: &str) -> String {
+    use sha2::Digest;
+    format!(
+        "acme:webhook/{route}/sha256:{}",
+        hex(&Sha256::digest(body.as_bytes()))
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_id() {
+async fn github_and_generic_hmac_webhooks_are_verified_and_a_captured_delivery_replayed_under_a_new_id_is_a_duplicate(
+) {
     let provider = Provider::start(Knobs {
         honour_keys: false,
         ..Knobs::default()
@@ -172,59 +183,79 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     .await;
     let app = start(&provider).await;
     let push = r#"{"ref":"refs/heads/main","amount":1}"#;
-    let github = |secret: &str| {
+    let github = |secret: &str, delivery: &str| {
         vec![
-            (
-                "X-GitHub-Delivery",
-                "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
-            ),
+            ("X-GitHub-Delivery", delivery.to_string()),
             (
                 "X-Hub-Signature-256",
                 format!("sha256={}", mac(secret, &[push.as_bytes()])),
             ),
         ]
     };
+    let id = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
     assert_eq!(
-        deliver(&app, "github", &github("wrong"), push)
+        deliver(&app, "github", &github("wrong", id), push)
             .await
             .problem(401),
         "urn:dedupq:problem:bad-signature"
     );
-    let first = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    let first = deliver(&app, "github", &github(GITHUB_SECRET, id), push).await;
     assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
-    let redelivered = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    let redelivered = deliver(&app, "github", &github(GITHUB_SECRET, id), push).await;
     assert_eq!((redelivered.status, redelivered.replayed()), (201, true));
+    // The delivery id header is not signed: a captured delivery replayed
+    // with a fresh one is the same signed body, so the same key.
+    let replayed = deliver(
+        &app,
+        "github",
+        &github(GITHUB_SECRET, "00000000-0000-0000-0000-000000000001"),
+        push,
+    )
+    .await;
     assert_eq!(
-        provider
-            .charges_for("acme:webhook/github/72d3162e-cc78-11e3-81ab-4c9367dc0958")
-            .await
-            .len(),
+        (replayed.status, replayed.replayed()),
+        (201, true),
+        "{replayed:?}"
+    );
+    assert_eq!(
+        provider.charges_for(&body_key("github", push)).await.len(),
         1
     );
 
     let event = r#"{"kind":"invoice.paid","amount":7}"#;
-    let generic = vec![
-        ("X-Event-Id", "inv-7".to_string()),
-        (
-            "X-Signature",
-            format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
-        ),
-    ];
-    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
-    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
+    let generic = |event_id: &str| {
+        vec![
+            ("X-Event-Id", event_id.to_string()),
+            (
+                "X-Signature",
+                format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
+            ),
+        ]
+    };
     assert_eq!(
-        provider
-            .charges_for("acme:webhook/events/inv-7")
+        deliver(&app, "events", &generic("inv-7"), event)
             .await
-            .len(),
+            .status,
+        201
+    );
+    assert_eq!(
+        deliver(&app, "events", &generic("inv-7"), event)
+            .await
+            .status,
+        201
+    );
+    let replayed = deliver(&app, "events", &generic("inv-7b"), event).await;
+    assert_eq!((replayed.status, replayed.replayed()), (201, true));
+    assert_eq!(
+        provider.charges_for(&body_key("events", event)).await.len(),
         1
     );
+    assert_eq!(provider.stats().await.charges, 2, "one per signed body");
     let unsigned = vec![("X-Event-Id", "inv-8".to_string())];
     assert_eq!(
         deliver(&app, "events", &unsigned, event).await.problem(401),
         "urn:dedupq:problem:bad-signature"
     );
-    assert_eq!(app.status("acme", "inv-8").await, None);
 }
 
 /// An API caller of the webhook's tenant sends a Stripe event id (seen in

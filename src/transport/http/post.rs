@@ -84,7 +84,7 @@ async fn accept(
     let key = route
         .key
         .extract(&parts.headers, &body)
-        .and_then(|key| route.namespaced(key))
+        .and_then(|key| route.namespaced(key, &body))
         .map_err(|e| {
             s.gate.count_invalid();
             problem(e)
