@@ -29,9 +29,10 @@ pub struct KeyedRequest {
     /// The request's `Content-Type`, forwarded with the body.
     pub content_type: Option<String>,
     pub received_at: DateTime<Utc>,
-    /// The request's `traceparent` and `tracestate`, continued by the
-    /// message's span (`telemetry::context_headers`).
-    pub trace_context: Vec<Header>,
+    /// The request's headers that go to the handler: `traceparent` and
+    /// `tracestate` (continued by the message's span) and those
+    /// `handler.pass_headers` names.
+    pub passed: Vec<Header>,
 }
 
 /// A stored outcome as an answer carries it.
@@ -89,6 +90,9 @@ pub struct Publication {
     pub key: String,
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// The request's `Content-Type`, forwarded with the body by the
+    /// consumer as it came.
+    pub content_type: Option<String>,
 }
 
 /// The headers of an async route's message: text names (the ones the
@@ -116,6 +120,7 @@ impl Checked {
             key: self.identity.key.as_str().to_string(),
             headers: text_headers(&self.incoming),
             body: self.incoming.body.clone(),
+            content_type: self.incoming.content_type.clone(),
         }
     }
 }
@@ -205,7 +210,7 @@ impl Gate {
             .with_header(self.tenant_header.as_bytes(), cmd.tenant.as_str())
             .with_header(self.pipeline.parser().key_header(), cmd.key.as_str())
             .with_header(ROUTE_HEADER.as_bytes(), &*cmd.route);
-        incoming.headers.extend(cmd.trace_context);
+        incoming.headers.extend(cmd.passed);
         incoming.content_type = cmd.content_type;
         incoming.received_at = cmd.received_at;
         match self.pipeline.parser().parse(&incoming) {
@@ -352,6 +357,13 @@ impl Gate {
         } else if state.conflicts_with(&checked.fingerprint) {
             self.count(Outcome::Conflict);
             Reply::Conflict { first_route: None }
+        } else if state.status == KeyStatus::Unknown {
+            // What the sync route answers for it: held for an operator, or
+            // still being retried.
+            self.count(Outcome::Unknown);
+            Reply::Unknown {
+                retry_after: (!state.no_lease).then_some(super::answer::SOON),
+            }
         } else if let Some(r) = state.result {
             self.count(Outcome::Duplicate);
             Reply::Stored {
