@@ -91,7 +91,7 @@ pub struct Inner {
 /// exist at 0 from start-up: an alert on `rate(...) > 0` then has a series
 /// to evaluate before the first dead letter, and a typo in a rule shows up
 /// as "no data" in its test instead of silence in production.
-pub const DEAD_LETTER_REASONS: [&str; 13] = [
+pub const DEAD_LETTER_REASONS: [&str; 14] = [
     "too_large",
     "not_json",
     "duplicate_member",
@@ -100,6 +100,7 @@ pub const DEAD_LETTER_REASONS: [&str; 13] = [
     "bad_tenant",
     "bad_key",
     "conflict",
+    "key_reused",
     "exhausted_retries",
     "outcome_unknown",
     "retry_limit",

@@ -47,6 +47,14 @@ impl From<SignatureError> for Problem {
 }
 
 impl Webhook {
+    /// Whether the sender signs its event id (Stripe's is in the signed
+    /// body, with a signed timestamp). GitHub's, Shopify's and a generic
+    /// HMAC sender's event id header is not signed and carries no time: a
+    /// captured delivery replayed with a new id would be a new key.
+    pub fn signs_its_event_id(&self) -> bool {
+        self.kind == WebhookKind::Stripe
+    }
+
     /// Reads the route's secret file; `i` names the route in errors.
     pub fn load(i: usize, kind: WebhookKind, r: &RouteSettings) -> Result<Self, ConfigError> {
         let setting = |field: &str| format!("api.routes[{i}].{field}");
