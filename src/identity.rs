@@ -111,10 +111,41 @@ impl IdempotencyKey {
         Ok(Self(String::from_utf8_lossy(raw).into_owned()))
     }
 
+    /// The key as a header carries it: a structured-field string
+    /// (`"order-1"`, as draft-ietf-httpapi-idempotency-key-header defines
+    /// it) and the bare key (`order-1`, as most clients send it) are the
+    /// same key, on every transport, so a relay that copies the header
+    /// from HTTP to a queue never makes one payment two.
+    pub fn from_header(raw: &[u8]) -> Result<Self, IdentityError> {
+        Self::parse(&unquote(raw))
+    }
+
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// A structured-field string's content (`"a\"b"` is `a"b`); anything that
+/// is not one is kept as sent, so the key check refuses it rather than
+/// guessing.
+pub fn unquote(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let Some(inner) = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\"")) else {
+        return raw.into();
+    };
+    let mut out = Vec::with_capacity(inner.len());
+    let mut bytes = inner.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return raw.into(),
+            },
+            b'"' => return raw.into(),
+            _ => out.push(b),
+        }
+    }
+    out.into()
 }
 
 impl fmt::Display for IdempotencyKey {

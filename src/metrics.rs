@@ -91,7 +91,7 @@ pub struct Inner {
 /// exist at 0 from start-up: an alert on `rate(...) > 0` then has a series
 /// to evaluate before the first dead letter, and a typo in a rule shows up
 /// as "no data" in its test instead of silence in production.
-pub const DEAD_LETTER_REASONS: [&str; 13] = [
+pub const DEAD_LETTER_REASONS: [&str; 14] = [
     "too_large",
     "not_json",
     "duplicate_member",
@@ -100,6 +100,7 @@ pub const DEAD_LETTER_REASONS: [&str; 13] = [
     "bad_tenant",
     "bad_key",
     "conflict",
+    "key_reused",
     "exhausted_retries",
     "outcome_unknown",
     "retry_limit",
@@ -329,6 +330,9 @@ impl Inner {
         }
         for reason in HANDLER_FAULT_REASONS {
             self.handler_faults.with_label_values(&[reason]);
+        }
+        for class in crate::store::STORE_ERROR_CLASSES {
+            self.store_errors.with_label_values(&[class]);
         }
         for transport in Transport::BROKERS {
             self.replies_failed.with_label_values(&[transport.label()]);

@@ -34,6 +34,10 @@ pub struct ApiSettings {
     pub max_headers: usize,
     /// Requests handled at once; more are answered 503 at once.
     pub max_requests_in_flight: usize,
+    /// `api.max_connections` (default 4096): open client connections at
+    /// most; past it new connections wait in the listen backlog until one
+    /// closes, so idle keep-alive clients cannot exhaust file descriptors.
+    pub max_connections: usize,
     /// A client must send its request line and headers within this.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
@@ -60,6 +64,7 @@ impl Default for ApiSettings {
             max_header_bytes: 16 * 1024,
             max_headers: 64,
             max_requests_in_flight: 1024,
+            max_connections: 4096,
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(15),
@@ -251,6 +256,7 @@ fn check_limits(api: &ApiSettings) -> Result<(), ConfigError> {
             "api.max_requests_in_flight",
             api.max_requests_in_flight == 0,
         ),
+        ("api.max_connections", api.max_connections == 0),
         ("api.header_timeout", api.header_timeout.is_zero()),
         ("api.request_timeout", api.request_timeout.is_zero()),
         ("api.shutdown_timeout", api.shutdown_timeout.is_zero()),

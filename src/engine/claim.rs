@@ -4,9 +4,10 @@
 
 use super::batch::Pending;
 use super::decision::{Action, DeadLetterReason, Decision, Outcome};
+use super::group::ClaimRow;
 use super::inner::Inner;
 use super::message::Incoming;
-use crate::store::{ClaimRequest, ClaimResult, StoreError};
+use crate::store::{ClaimResult, StoreError};
 use crate::telemetry::spans;
 use tracing::Instrument;
 
@@ -92,33 +93,33 @@ async fn claim(
     round: &[Pending],
     todo: &[usize],
 ) -> Result<Vec<ClaimResult>, StoreError> {
-    let requests: Vec<ClaimRequest> = todo
+    let rows: Vec<ClaimRow> = todo
         .iter()
         .map(|&i| {
             let p = &round[i];
             let msg = &batch[p.index];
-            ClaimRequest {
-                identity: &p.parsed.identity,
-                fingerprint: &p.parsed.fingerprint,
-                body: &msg.body,
-                content_type: msg.content_type.as_deref(),
-                derived_key: &p.parsed.derived_key,
+            ClaimRow {
+                identity: p.parsed.identity.clone(),
+                fingerprint: p.parsed.fingerprint.clone(),
+                body: msg.body.clone(),
+                content_type: msg.content_type.clone(),
+                derived_key: p.parsed.derived_key.clone(),
+                route: p.parsed.route.clone(),
             }
         })
         .collect();
-    inner
-        .metrics
-        .claim_batch_size
-        .observe(requests.len() as f64);
+    let n = rows.len();
+    inner.metrics.claim_batch_size.observe(n as f64);
     let timer = inner
         .metrics
         .store_duration
         .with_label_values(&["claim"])
         .start_timer();
+    // Shared with the claims of concurrent callers (see group.rs).
     let got = inner
-        .store
-        .claim_batch(&requests, &inner.options.owner, inner.options.lease)
-        .instrument(spans::claim(requests.len()))
+        .claims
+        .write(rows)
+        .instrument(spans::claim(n))
         .await
         .inspect_err(|e| inner.watch.failed(e))?;
     timer.observe_duration();

@@ -93,6 +93,12 @@ pub enum DeadLetterReason {
     Invalid(InvalidReason),
     /// Same key, different operation.
     Conflict,
+    /// The key was first used on another HTTP route: a key belongs to its
+    /// route, as at Stripe.
+    KeyReused {
+        /// The route the key was first used on.
+        first_route: String,
+    },
     /// Nothing reached the provider (refused, 429, 503 not processed) on
     /// every attempt `engine.max_attempts` and `handler.retry_for` allow:
     /// the key is left free, so replaying the dead letter runs the payment.
@@ -119,6 +125,7 @@ impl DeadLetterReason {
         match self {
             DeadLetterReason::Invalid(r) => r.label(),
             DeadLetterReason::Conflict => "conflict",
+            DeadLetterReason::KeyReused { .. } => "key_reused",
             DeadLetterReason::ExhaustedRetries => "exhausted_retries",
             DeadLetterReason::OutcomeUnknown => "outcome_unknown",
             DeadLetterReason::RetryLimit => "retry_limit",
@@ -140,6 +147,9 @@ mod tests {
             .chain(
                 [
                     DeadLetterReason::Conflict,
+                    DeadLetterReason::KeyReused {
+                        first_route: String::new(),
+                    },
                     DeadLetterReason::ExhaustedRetries,
                     DeadLetterReason::OutcomeUnknown,
                     DeadLetterReason::RetryLimit,

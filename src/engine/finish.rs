@@ -5,6 +5,7 @@
 //! the statement itself.
 
 use super::batch::{Owned, Ran};
+use super::group::FinishRow;
 use super::inner::Inner;
 use super::verdict::Verdict;
 use crate::store::{Answer, Finish, FinishWrite, StoreError, Written};
@@ -125,9 +126,20 @@ pub(super) async fn store_verdicts(
         .store_duration
         .with_label_values(&["finish"])
         .start_timer();
+    // Shared with the finishes of concurrent callers (see group.rs).
+    let rows = || {
+        writes
+            .iter()
+            .map(|w| FinishRow {
+                identity: w.identity.clone(),
+                epoch: w.epoch,
+                finish: w.finish.clone(),
+            })
+            .collect()
+    };
     let whole = inner
         .watch
-        .retry(|| inner.store.finish_batch(&writes))
+        .retry(|| inner.finishes.write(rows()))
         .instrument(spans::finish(writes.len()))
         .await;
     timer.observe_duration();

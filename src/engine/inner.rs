@@ -1,6 +1,7 @@
 //! What the clones of one leased [`Engine`](super::Engine) share: the key
 //! table, the handler, the rules, and the state that outlives a batch.
 
+use super::group::{Claims, Finishes, Group};
 use super::message::Parser;
 use super::options::EngineOptions;
 use super::parked::Parked;
@@ -32,6 +33,10 @@ pub(super) struct Inner {
     pub parked: Parked,
     /// How key-table statements fare; writes retried through an outage.
     pub watch: StoreWatch,
+    /// Claims of concurrent callers, sharing statements.
+    pub claims: Group<Claims>,
+    /// Finishes of concurrent callers, sharing statements.
+    pub finishes: Group<Finishes>,
 }
 
 impl Inner {
@@ -50,7 +55,14 @@ impl Inner {
             options.backoff,
             shutdown.clone(),
         );
+        let lanes = store.claim_lanes();
+        let claims = Claims {
+            owner: options.owner.clone(),
+            lease: options.lease,
+        };
         Self {
+            claims: Group::new(claims, store.clone(), options.max_batch, lanes),
+            finishes: Group::new(Finishes, store.clone(), options.max_batch, lanes),
             permits: Semaphore::new(options.concurrency),
             gate: ProviderGate::new(
                 options.outage_after,

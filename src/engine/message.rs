@@ -90,7 +90,15 @@ pub struct Parsed {
     pub fingerprint: Fingerprint,
     /// The key sent to the provider, if this message's claim creates the key.
     pub derived_key: String,
+    /// The HTTP route the key belongs to: the route of a sync request, or
+    /// the route an async request was accepted on (the `dedupq-route`
+    /// header it is published with). None for other queue messages, which
+    /// share every route's keys.
+    pub route: Option<String>,
 }
+
+/// The header an async route's message carries its route in.
+pub const ROUTE_HEADER: &str = "dedupq-route";
 
 /// Applies the identity rules of the configuration to deliveries.
 #[derive(Debug, Clone)]
@@ -138,7 +146,7 @@ impl Parser {
     pub fn identity_hint(&self, msg: &Incoming) -> Option<u64> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::hash::DefaultHasher::new();
-        msg.header(&self.key_header)?.hash(&mut hasher);
+        crate::identity::unquote(msg.header(&self.key_header)?).hash(&mut hasher);
         match &self.tenant {
             TenantSource::Header { name } => msg.header(name).hash(&mut hasher),
             TenantSource::Fixed { .. } => {}
@@ -172,17 +180,26 @@ impl Parser {
             TenantSource::Body { pointer } => Tenant::parse(text_at(&body, pointer)),
         }
         .map_err(InvalidReason::Tenant)?;
-        let key_bytes = match (msg.header(&self.key_header), &self.key_pointer) {
-            (Some(raw), _) => raw,
-            (None, Some(pointer)) => text_at(&body, pointer),
-            (None, None) => &[],
-        };
-        let key = IdempotencyKey::parse(key_bytes).map_err(InvalidReason::Key)?;
+        let key = match (msg.header(&self.key_header), &self.key_pointer) {
+            // The same rule as the HTTP API's: `"order-1"` is `order-1`.
+            (Some(raw), _) => IdempotencyKey::from_header(raw),
+            (None, Some(pointer)) => IdempotencyKey::parse(text_at(&body, pointer)),
+            (None, None) => IdempotencyKey::parse(&[]),
+        }
+        .map_err(InvalidReason::Key)?;
         let identity = Identity { tenant, key };
+        let route = match &msg.source {
+            Source::Http { route, .. } => Some(route.clone()),
+            _ => msg
+                .header(ROUTE_HEADER)
+                .and_then(|r| std::str::from_utf8(r).ok())
+                .map(str::to_string),
+        };
         Ok(Parsed {
             fingerprint: self.fingerprint.fingerprint_lazily(&body, &msg.body),
             derived_key: self.derived_key.derive(&identity),
             identity,
+            route,
         })
     }
 

@@ -14,6 +14,7 @@ mod call;
 mod claim;
 mod decision;
 mod finish;
+mod group;
 mod inner;
 mod lease;
 mod leased;
@@ -31,7 +32,9 @@ mod verdict;
 
 pub use decision::{Action, DeadLetterReason, Decision, Outcome};
 pub use leased::Engine;
-pub use message::{Header, Incoming, InvalidReason, Parsed, Parser, Source, Transport};
+pub use message::{
+    Header, Incoming, InvalidReason, Parsed, Parser, Source, Transport, ROUTE_HEADER,
+};
 pub use options::{default_owner, Backoff, EngineOptions};
 pub use pipeline::{Pipeline, Unavailable};
 pub use transactional::{TransactionalEngine, TransactionalHandler, TxFailure};

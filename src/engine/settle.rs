@@ -39,6 +39,13 @@ pub(super) fn settled(result: ClaimResult, parsed: &Parsed, backoff: Backoff) ->
                 after: backoff.for_held(backoff.max),
             },
         ),
+        ClaimResult::OtherRoute { first } => (
+            Outcome::Conflict,
+            Action::DeadLetter {
+                detail: format!("this key was first used on the route /v1/{first}"),
+                reason: DeadLetterReason::KeyReused { first_route: first },
+            },
+        ),
         ClaimResult::Conflict => (
             Outcome::Conflict,
             Action::DeadLetter {

@@ -168,6 +168,7 @@ impl TransactionalEngine {
             body: &msg.body,
             content_type: msg.content_type.as_deref(),
             derived_key: &parsed.derived_key,
+            route: parsed.route.as_deref(),
         };
         match self
             .store

@@ -36,19 +36,19 @@ use std::time::Duration;
 const CLAIM_SQL: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
-                         $5::bytea[], $6::text[], $7::text[], $10::bytea[])
+                         $5::bytea[], $6::text[], $7::text[], $10::bytea[], $11::text[])
         WITH ORDINALITY AS i(tenant, key, fingerprint, fingerprint_version,
                              request_body, request_content_type, derived_key,
-                             legacy, ord)
+                             legacy, route, ord)
 ),
 claimed AS (
     INSERT INTO dedupq_keys AS k
         (tenant, key, fingerprint, fingerprint_version, status, epoch,
          lease_until, owner, attempts, attempt_open,
-         request_body, request_content_type, derived_key)
+         request_body, request_content_type, derived_key, route)
     SELECT tenant, key, fingerprint, fingerprint_version, 'in_progress', 1,
            now() + make_interval(secs => $8), $9, 1, true,
-           request_body, request_content_type, derived_key
+           request_body, request_content_type, derived_key, route
     FROM input ORDER BY ord
     ON CONFLICT (tenant, key) DO UPDATE SET
         status = 'in_progress',
@@ -63,6 +63,7 @@ claimed AS (
         updated_at = now()
     WHERE (k.status IN ('in_progress', 'unknown'))
       AND (k.lease_until <= now())
+      AND ((k.route IS NULL) OR (EXCLUDED.route IS NULL) OR (k.route = EXCLUDED.route))
       AND (((k.fingerprint_version = EXCLUDED.fingerprint_version)
             AND (k.fingerprint = EXCLUDED.fingerprint))
            OR ((k.fingerprint_version <> EXCLUDED.fingerprint_version)
@@ -89,7 +90,7 @@ SELECT NULL::int8 AS ord, c.tenant, c.key,
        NULL::timestamptz AS lease_until, NULL::bool AS lease_over,
        NULL::float8 AS lease_left, NULL::int4 AS attempts,
        NULL::int4 AS result_status, NULL::bytea AS result_body,
-       NULL::text AS result_content_type
+       NULL::text AS result_content_type, NULL::text AS route
 FROM claimed c
 UNION ALL
 SELECT u.ord, NULL, NULL,
@@ -99,7 +100,7 @@ SELECT u.ord, NULL, NULL,
        k.lease_until, ((k.lease_until <= now()) IS TRUE),
        extract(epoch FROM (k.lease_until - now()))::float8, k.attempts,
        k.result_status, k.result_body,
-       k.result_content_type
+       k.result_content_type, k.route
 FROM unclaimed u
 JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 "#;
@@ -120,6 +121,9 @@ pub struct ClaimRequest<'a> {
     /// The key sent to the provider; a new key stores it so that a later
     /// attempt sends the same one, even after a change of format.
     pub derived_key: &'a str,
+    /// The HTTP route the request came on; None from a queue. A key claimed
+    /// on one route is refused on another ([`ClaimResult::OtherRoute`]).
+    pub route: Option<&'a str>,
 }
 
 /// What a finished key stored; replayed to duplicates. `Unknown` is the
@@ -218,6 +222,12 @@ pub enum ClaimResult {
     },
     /// Same key, different operation.
     Conflict,
+    /// The key was first claimed on another HTTP route (the route named
+    /// here): a key belongs to its route.
+    OtherRoute {
+        /// The route the key was first used on.
+        first: String,
+    },
     /// Another transaction holds the row (an operator's `SELECT … FOR
     /// UPDATE`, a long transaction) past `store.lock_timeout`: nothing was
     /// written; try again later. The rest of the batch was claimed.
@@ -237,7 +247,7 @@ impl ClaimResult {
             ClaimResult::Duplicate(_) => "duplicate",
             ClaimResult::Held { .. } => "held",
             ClaimResult::HeldUnknown { .. } => "held_unknown",
-            ClaimResult::Conflict => "conflict",
+            ClaimResult::Conflict | ClaimResult::OtherRoute { .. } => "conflict",
             ClaimResult::Locked => "locked",
             ClaimResult::Contended => "contended",
         }
@@ -302,6 +312,7 @@ impl Store {
         let content_types: Vec<Option<&str>> =
             order.iter().map(|&i| requests[i].content_type).collect();
         let derived: Vec<&str> = order.iter().map(|&i| requests[i].derived_key).collect();
+        let routes: Vec<Option<&str>> = order.iter().map(|&i| requests[i].route).collect();
         let legacy: Vec<Option<&[u8]>> = order
             .iter()
             .map(|&i| requests[i].fingerprint.legacy_if_known().map(|d| &d[..]))
@@ -318,6 +329,7 @@ impl Store {
             .bind(secs(lease))
             .bind(owner)
             .bind(&legacy)
+            .bind(&routes)
             .fetch_all(self.pool())
             .await
             .map_err(|e| self.noted(e))?;
@@ -339,13 +351,18 @@ impl Store {
                 }
             };
             let request_index = order[position];
-            results[request_index] = classify(&row, requests[request_index].fingerprint)?;
+            let request = &requests[request_index];
+            results[request_index] = classify(&row, request.fingerprint, request.route)?;
         }
         Ok(results)
     }
 }
 
-pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimResult, StoreError> {
+pub(super) fn classify(
+    row: &PgRow,
+    fingerprint: &Fingerprint,
+    route: Option<&str>,
+) -> Result<ClaimResult, StoreError> {
     if let Some(epoch) = row.try_get::<Option<i64>, _>("claimed_epoch")? {
         let inserted: bool = row.try_get("inserted")?;
         let stored_request = match row.try_get::<Option<Vec<u8>>, _>("stored_body")? {
@@ -377,6 +394,13 @@ pub(super) fn classify(row: &PgRow, fingerprint: &Fingerprint) -> Result<ClaimRe
     let Some(status) = row.try_get::<Option<String>, _>("status")? else {
         return Ok(ClaimResult::Contended);
     };
+    // A key belongs to the route that claimed it first; queue messages
+    // (no route) share every route's keys.
+    if let (Some(route), Some(first)) = (route, row.try_get::<Option<String>, _>("route")?) {
+        if route != first {
+            return Ok(ClaimResult::OtherRoute { first });
+        }
+    }
     let stored_digest: Vec<u8> = row.try_get("fingerprint")?;
     let stored_version: i16 = row.try_get("fingerprint_version")?;
     // A row stored under another field set cannot be compared: the key

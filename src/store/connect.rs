@@ -25,6 +25,8 @@ struct Guard {
     /// that wait (on a row lock, a slow server) can never take the
     /// connection a charged payment needs to store its answer.
     claims: Semaphore,
+    /// How many claim statements may run at once.
+    claim_lanes: usize,
     /// When a statement last met a read-only server: connections opened
     /// before then are closed instead of reused, since a session stays on
     /// a standby (or read-only) for as long as it lives.
@@ -39,6 +41,7 @@ impl Guard {
         let reserved = if max >= 2 { (max / 4).max(1) } else { 0 };
         Arc::new(Self {
             claims: Semaphore::new(max - reserved),
+            claim_lanes: max - reserved,
             read_only_since: Mutex::new(None),
         })
     }
@@ -108,6 +111,12 @@ impl Store {
     pub fn from_pool(pool: PgPool) -> Self {
         let guard = Guard::new(pool.options().get_max_connections());
         Self { pool, guard }
+    }
+
+    /// How many claim statements may run at once: the pool's connections
+    /// less those kept for renewals and finishes.
+    pub fn claim_lanes(&self) -> usize {
+        self.guard.claim_lanes
     }
 
     /// A claim statement's share of the pool (see [`Guard`]).

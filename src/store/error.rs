@@ -168,6 +168,27 @@ fn sqlstate_suffix(e: &sqlx::Error) -> String {
 
 /// The label of a SQLSTATE's class. Known classes by name, so the label
 /// set stays small whatever a server answers.
+/// Every value of the `class` label of `dedupq_store_errors_total`, so
+/// each series exists (at zero) from start-up and a rate over it is
+/// defined before the first error.
+pub const STORE_ERROR_CLASSES: &[&str] = &[
+    "08",
+    "22",
+    "23",
+    "25",
+    "40",
+    "42",
+    "53",
+    "54",
+    "55",
+    "57",
+    "58",
+    "XX",
+    "connection",
+    "pool",
+    "other",
+];
+
 fn sqlstate_class(code: &str) -> &'static str {
     match code.get(..2) {
         Some("08") => "08",
@@ -228,6 +249,17 @@ impl From<sqlx::Error> for StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_class_a_code_can_get_is_initialised() {
+        for code in [
+            "08006", "22001", "23505", "25006", "40001", "42P01", "53100", "54000", "55P03",
+            "57014", "58030", "XX000", "0A000", "ZZ999",
+        ] {
+            let class = sqlstate_class(code);
+            assert!(STORE_ERROR_CLASSES.contains(&class), "{code} -> {class}");
+        }
+    }
 
     #[test]
     fn only_errors_of_a_row_are_final_and_every_other_code_is_an_outage() {

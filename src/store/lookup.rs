@@ -7,7 +7,8 @@ use crate::identity::Identity;
 use sqlx::Row;
 
 const LOOKUP_SQL: &str = "SELECT status, fingerprint, fingerprint_version, result_status, \
-     result_body, result_content_type FROM dedupq_keys WHERE tenant = $1 AND key = $2";
+     result_body, result_content_type, route, (lease_until IS NULL) AS no_lease \
+     FROM dedupq_keys WHERE tenant = $1 AND key = $2";
 
 /// A key row as a repeat of its request needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +21,11 @@ pub struct KeyState {
     pub digest: Vec<u8>,
     /// Set once the key is done or failed.
     pub result: Option<StoredResult>,
+    /// The HTTP route that first claimed the key; None from a queue.
+    pub route: Option<String>,
+    /// The row has no lease: an unknown key held for an operator (or a
+    /// finished one).
+    pub no_lease: bool,
 }
 
 impl KeyState {
@@ -55,6 +61,8 @@ impl Store {
             fingerprint_version: row.try_get("fingerprint_version")?,
             digest: row.try_get("fingerprint")?,
             result,
+            route: row.try_get("route")?,
+            no_lease: row.try_get("no_lease")?,
         }))
     }
 }

@@ -17,7 +17,7 @@ mod transactional;
 pub use admin::{KeyFilter, KeyRow};
 pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
 pub use connect::Store;
-pub use error::StoreError;
+pub use error::{StoreError, STORE_ERROR_CLASSES};
 pub use finish::{Answer, Finish, FinishWrite, Written};
 pub use lookup::KeyState;
 pub use maintenance::Renewed;

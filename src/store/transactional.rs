@@ -12,8 +12,8 @@ use std::time::Duration;
 const TX_CLAIM_SQL: &str = r#"
 INSERT INTO dedupq_keys
     (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner,
-     attempts, attempt_open, request_body, request_content_type, derived_key)
-VALUES ($1, $2, $3, $4, 'in_progress', 1, NULL, $5, 1, true, $6, $7, $8)
+     attempts, attempt_open, request_body, request_content_type, derived_key, route)
+VALUES ($1, $2, $3, $4, 'in_progress', 1, NULL, $5, 1, true, $6, $7, $8, $9)
 ON CONFLICT (tenant, key) DO NOTHING
 RETURNING epoch
 "#;
@@ -26,7 +26,7 @@ SELECT NULL::int8 AS claimed_epoch, NULL::int4 AS claimed_attempts, NULL::bool A
        ((lease_until <= now()) IS TRUE) AS lease_over,
        extract(epoch FROM (lease_until - now()))::float8 AS lease_left, attempts,
        ((status = 'unknown') OR attempt_open) AS uncertain,
-       result_status, result_body, result_content_type
+       result_status, result_body, result_content_type, route
 FROM dedupq_keys WHERE tenant = $1 AND key = $2
 "#;
 
@@ -70,6 +70,7 @@ impl Store {
             .bind(request.body)
             .bind(request.content_type)
             .bind(request.derived_key)
+            .bind(request.route)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.noted(e));
@@ -89,7 +90,7 @@ impl Store {
             .fetch_optional(self.pool())
             .await?;
         Ok(TxClaim::Settled(match row {
-            Some(row) => classify(&row, request.fingerprint)?,
+            Some(row) => classify(&row, request.fingerprint, request.route)?,
             None => ClaimResult::Contended,
         }))
     }

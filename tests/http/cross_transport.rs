@@ -81,3 +81,36 @@ async fn a_payment_sent_through_rabbitmq_and_then_over_http_is_charged_once() {
     assert_eq!(provider.stats().await.charges, 1);
     client.cleanup(&rabbit).await;
 }
+
+/// An outbox relay that copies the HTTP request's header as it came: a
+/// structured-field string (`"pay-x3"`), as the IETF draft defines the
+/// header. On the queue it is the same key as the bare one over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_sent_quoted_through_kafka_is_the_same_key_as_the_bare_one_over_http() {
+    let provider = Provider::start(forgetful()).await;
+    let (topic, _) = kafka::topics("dqt_sfkey", 1).await;
+    let app = App::with(&provider, |s, _| {
+        s.kafka = kafka::settings(&topic, &unique("g"));
+    })
+    .await;
+    app.wait_ready().await;
+
+    let paid = app.pay("pay-x3", BODY).await;
+    assert_eq!(paid.status, 201, "{paid:?}");
+    produce(
+        &kafka::producer(),
+        &topic,
+        0,
+        &headers("acme", "\"pay-x3\""),
+        BODY.as_bytes(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the Kafka copy decided",
+        || async { (app.decided("kafka", "duplicate") == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(app.decided("kafka", "processed"), 0);
+    assert_eq!(provider.stats().await.charges, 1, "one charge");
+}

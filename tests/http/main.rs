@@ -12,8 +12,11 @@ mod harness;
 
 mod async_routes;
 mod config;
+mod connections;
 mod crash;
 mod cross_transport;
+mod forwarded;
+mod key_routes;
 mod read_only;
 mod requests;
 mod row_lock;

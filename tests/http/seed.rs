@@ -122,3 +122,50 @@ async fn the_same_key_under_another_tenant_is_another_payment() {
         "each tenant replays its own"
     );
 }
+
+/// The seed's own story, at a fifth of its times: the client gives up
+/// after 10 s (here 2 s) while the provider takes 12 s (here 2.4 s) to
+/// charge; the client retries at once, is told 409 with Retry-After, waits
+/// as told, and gets the stored 201. One charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_seeds_client_that_times_out_and_retries_as_told_gets_the_one_charge() {
+    let provider = Provider::start(forgetful(Duration::from_millis(2400))).await;
+    let app = App::with(&provider, |s, _| {
+        s.handler.timeout = Duration::from_secs(4);
+        s.engine.lease = Duration::from_secs(8);
+        s.engine.renew_every = Duration::from_secs(2);
+    })
+    .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let send = || {
+        impatient
+            .post(app.url("payments"))
+            .bearer_auth(crate::harness::ACME_KEY)
+            .header("Idempotency-Key", "order-seed")
+            .body(ORDER)
+            .send()
+    };
+    assert!(
+        send().await.is_err(),
+        "the first request times out on the client"
+    );
+    let mut answers = Vec::new();
+    let last = loop {
+        let r = crate::harness::Reply::from(send().await.expect("an answer")).await;
+        answers.push(r.status);
+        if r.status != 409 || answers.len() > 20 {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_secs(r.retry_after())).await;
+    };
+    assert_eq!(
+        answers.first(),
+        Some(&409),
+        "the retry while it runs: {answers:?}"
+    );
+    assert_eq!((last.status, last.replayed()), (201, true), "{last:?}");
+    assert_eq!(provider.stats().await.charges, 1, "one charge");
+}

@@ -123,7 +123,7 @@ async fn a_signed_stripe_event_delivered_three_times_two_at_once_is_processed_on
     assert_eq!((third.status, third.replayed()), (201, true), "{third:?}");
 
     assert_eq!(provider.stats().await.charges, 1, "processed once");
-    let charges = provider.charges_for("acme:evt_1NZ").await;
+    let charges = provider.charges_for("acme:webhook/stripe/evt_1NZ").await;
     assert_eq!(
         charges.len(),
         1,
@@ -163,8 +163,19 @@ async fn a_tampered_body_or_an_expired_timestamp_answers_401_and_leaves_no_key()
     assert_eq!(count_rows(&app.store).await, 1);
 }
 
+/// The key a sender that does not sign its event id is claimed under:
+/// the signed body's SHA-256, in the route's namespace.
+fn body_key(route: &str, body: &str) -> String {
+    use sha2::Digest;
+    format!(
+        "acme:webhook/{route}/sha256:{}",
+        hex(&Sha256::digest(body.as_bytes()))
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_id() {
+async fn github_and_generic_hmac_webhooks_are_verified_and_a_captured_delivery_replayed_under_a_new_id_is_a_duplicate(
+) {
     let provider = Provider::start(Knobs {
         honour_keys: false,
         ..Knobs::default()
@@ -172,51 +183,118 @@ async fn github_and_generic_hmac_webhooks_are_verified_and_keyed_by_their_event_
     .await;
     let app = start(&provider).await;
     let push = r#"{"ref":"refs/heads/main","amount":1}"#;
-    let github = |secret: &str| {
+    let github = |secret: &str, delivery: &str| {
         vec![
-            (
-                "X-GitHub-Delivery",
-                "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
-            ),
+            ("X-GitHub-Delivery", delivery.to_string()),
             (
                 "X-Hub-Signature-256",
                 format!("sha256={}", mac(secret, &[push.as_bytes()])),
             ),
         ]
     };
+    let id = "72d3162e-cc78-11e3-81ab-4c9367dc0958";
     assert_eq!(
-        deliver(&app, "github", &github("wrong"), push)
+        deliver(&app, "github", &github("wrong", id), push)
             .await
             .problem(401),
         "urn:dedupq:problem:bad-signature"
     );
-    let first = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    let first = deliver(&app, "github", &github(GITHUB_SECRET, id), push).await;
     assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
-    let redelivered = deliver(&app, "github", &github(GITHUB_SECRET), push).await;
+    let redelivered = deliver(&app, "github", &github(GITHUB_SECRET, id), push).await;
     assert_eq!((redelivered.status, redelivered.replayed()), (201, true));
+    // The delivery id header is not signed: a captured delivery replayed
+    // with a fresh one is the same signed body, so the same key.
+    let replayed = deliver(
+        &app,
+        "github",
+        &github(GITHUB_SECRET, "00000000-0000-0000-0000-000000000001"),
+        push,
+    )
+    .await;
     assert_eq!(
-        provider
-            .charges_for("acme:72d3162e-cc78-11e3-81ab-4c9367dc0958")
-            .await
-            .len(),
+        (replayed.status, replayed.replayed()),
+        (201, true),
+        "{replayed:?}"
+    );
+    assert_eq!(
+        provider.charges_for(&body_key("github", push)).await.len(),
         1
     );
 
     let event = r#"{"kind":"invoice.paid","amount":7}"#;
-    let generic = vec![
-        ("X-Event-Id", "inv-7".to_string()),
-        (
-            "X-Signature",
-            format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
-        ),
-    ];
-    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
-    assert_eq!(deliver(&app, "events", &generic, event).await.status, 201);
-    assert_eq!(provider.charges_for("acme:inv-7").await.len(), 1);
+    let generic = |event_id: &str| {
+        vec![
+            ("X-Event-Id", event_id.to_string()),
+            (
+                "X-Signature",
+                format!("sha256={}", mac(GENERIC_SECRET, &[event.as_bytes()])),
+            ),
+        ]
+    };
+    assert_eq!(
+        deliver(&app, "events", &generic("inv-7"), event)
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        deliver(&app, "events", &generic("inv-7"), event)
+            .await
+            .status,
+        201
+    );
+    let replayed = deliver(&app, "events", &generic("inv-7b"), event).await;
+    assert_eq!((replayed.status, replayed.replayed()), (201, true));
+    assert_eq!(
+        provider.charges_for(&body_key("events", event)).await.len(),
+        1
+    );
+    assert_eq!(provider.stats().await.charges, 2, "one per signed body");
     let unsigned = vec![("X-Event-Id", "inv-8".to_string())];
     assert_eq!(
         deliver(&app, "events", &unsigned, event).await.problem(401),
         "urn:dedupq:problem:bad-signature"
     );
-    assert_eq!(app.status("acme", "inv-8").await, None);
+}
+
+/// An API caller of the webhook's tenant sends a Stripe event id (seen in
+/// a dashboard) as its own `Idempotency-Key` on `/v1/payments` first. The
+/// signed deliveries of that event still run: webhook routes keep their
+/// event ids in a namespace of their own, which API keys may not enter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_caller_using_a_webhook_event_id_as_its_key_never_blocks_the_signed_deliveries() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = App::with(&provider, |s, dir| {
+        s.api.routes.extend(routes(dir));
+    })
+    .await;
+    let by_caller = app
+        .pay("evt_1NZ", r#"{"amount": 5, "currency": "EUR"}"#)
+        .await;
+    assert_eq!(by_caller.status, 201, "{by_caller:?}");
+
+    for n in 1..=3 {
+        let signed = vec![("Stripe-Signature", stripe_signature(now(), EVENT))];
+        let r = deliver(&app, "stripe", &signed, EVENT).await;
+        assert_eq!(r.status, 201, "delivery {n}: {r:?}");
+        assert_eq!(r.replayed(), n > 1, "delivery {n}: {r:?}");
+    }
+    assert_eq!(
+        provider.stats().await.charges,
+        2,
+        "the caller's and the event's"
+    );
+
+    let squatting = app
+        .pay(
+            "webhook/stripe/evt_2",
+            r#"{"amount": 5, "currency": "EUR"}"#,
+        )
+        .await;
+    assert_eq!(
+        squatting.problem(400),
+        "urn:dedupq:problem:invalid-key",
+        "the webhooks' namespace is theirs"
+    );
 }

@@ -30,6 +30,7 @@ async fn a_key_held_by_a_live_lease_elsewhere_is_waited_for_and_never_committed_
                 body: &raw,
                 content_type: None,
                 derived_key: &derived,
+                route: None,
             }],
             "someone-else",
             Duration::from_secs(3),

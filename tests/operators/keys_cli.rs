@@ -45,6 +45,7 @@ async fn keys_show_list_release_and_purge_work_against_the_real_table() {
                 body: &stuck.body,
                 content_type: None,
                 derived_key: &parsed.derived_key,
+                route: None,
             }],
             "crashed",
             Duration::from_millis(1),

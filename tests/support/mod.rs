@@ -110,6 +110,7 @@ pub fn claim_request<'a>(
         body: &msg.body,
         content_type: msg.content_type.as_deref(),
         derived_key: &parsed.derived_key,
+        route: parsed.route.as_deref(),
     }
 }
 

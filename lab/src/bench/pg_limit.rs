@@ -133,6 +133,7 @@ async fn drive(
                     body,
                     content_type: Some("application/json"),
                     derived_key,
+                    route: None,
                 },
             )
             .collect();

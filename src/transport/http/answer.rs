@@ -40,12 +40,24 @@ pub(super) fn answer(verdict: Reply) -> Response {
         )
         .retry_after(retry_after)
         .into_response(),
-        Reply::Conflict => Problem::new(
+        Reply::Conflict { first_route: None } => Problem::new(
             S::UNPROCESSABLE_ENTITY,
             "key-reused",
             "This Idempotency-Key was already used for a different request",
             "the body differs from the first request with this key in the fields that \
              define the operation; use a new key for a new operation",
+        )
+        .into_response(),
+        Reply::Conflict {
+            first_route: Some(first),
+        } => Problem::new(
+            S::UNPROCESSABLE_ENTITY,
+            "key-reused",
+            "This Idempotency-Key was already used on another endpoint",
+            format!(
+                "the key was first used on /v1/{first}; a key belongs to the endpoint it was \
+                 first used on: use a new key for this one"
+            ),
         )
         .into_response(),
         Reply::Invalid { detail, too_large } => Problem::new(

@@ -6,7 +6,7 @@
 use crate::config::{ConfigError, IdentitySettings, TenantSource};
 use crate::engine::{
     Action, DeadLetterReason, Decision, Header, Incoming, InvalidReason, Outcome, Pipeline, Source,
-    Unavailable,
+    Unavailable, ROUTE_HEADER,
 };
 use crate::fingerprint::Fingerprint;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
@@ -29,9 +29,10 @@ pub(super) struct KeyedRequest {
     /// The request's `Content-Type`, forwarded with the body.
     pub content_type: Option<String>,
     pub received_at: DateTime<Utc>,
-    /// The request's `traceparent` and `tracestate`, continued by the
-    /// message's span (`telemetry::context_headers`).
-    pub trace_context: Vec<Header>,
+    /// The request's headers that go to the handler: `traceparent` and
+    /// `tracestate` (continued by the message's span) and those
+    /// `handler.pass_headers` names.
+    pub passed: Vec<Header>,
 }
 
 /// A stored outcome as an answer carries it.
@@ -51,8 +52,9 @@ pub(super) enum Reply {
     Stored { result: StoredReply, replayed: bool },
     /// Another request holds the key's live lease.
     InFlight { retry_after: Duration },
-    /// The key was used for another operation (fingerprint).
-    Conflict,
+    /// The key was used for another operation (fingerprint), or first on
+    /// another route: `first_route` names it then.
+    Conflict { first_route: Option<String> },
     /// Refused before any claim.
     Invalid { detail: String, too_large: bool },
     /// The handler failed transiently; the key is free for the retry.
@@ -78,6 +80,7 @@ pub(super) struct Checked {
     incoming: Incoming,
     identity: Identity,
     fingerprint: Fingerprint,
+    route: String,
 }
 
 /// What an async route publishes: the headers the consumers read the same
@@ -87,6 +90,9 @@ pub(super) struct Publication {
     pub key: String,
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// The request's `Content-Type`, forwarded with the body by the
+    /// consumer as it came.
+    pub content_type: Option<String>,
 }
 
 /// The headers of an async route's message: text names (the ones the
@@ -114,6 +120,7 @@ impl Checked {
             key: self.identity.key.as_str().to_string(),
             headers: text_headers(&self.incoming),
             body: self.incoming.body.clone(),
+            content_type: self.incoming.content_type.clone(),
         }
     }
 }
@@ -197,10 +204,13 @@ impl Gate {
         };
         // Only these two and the trace context: a tenant header the client
         // sent never gets in.
+        // The route goes with an async route's message, so the consumer
+        // claims the key for this route as a sync route would.
         let mut incoming = Incoming::new(source, cmd.body.to_vec())
             .with_header(self.tenant_header.as_bytes(), cmd.tenant.as_str())
-            .with_header(self.pipeline.parser().key_header(), cmd.key.as_str());
-        incoming.headers.extend(cmd.trace_context);
+            .with_header(self.pipeline.parser().key_header(), cmd.key.as_str())
+            .with_header(ROUTE_HEADER.as_bytes(), &*cmd.route);
+        incoming.headers.extend(cmd.passed);
         incoming.content_type = cmd.content_type;
         incoming.received_at = cmd.received_at;
         match self.pipeline.parser().parse(&incoming) {
@@ -208,6 +218,7 @@ impl Gate {
                 incoming,
                 identity: parsed.identity,
                 fingerprint: parsed.fingerprint,
+                route: cmd.route.to_string(),
             }),
             Err(reason) => {
                 self.count(Outcome::Invalid);
@@ -279,7 +290,13 @@ impl Gate {
             Action::DeadLetter {
                 reason: DeadLetterReason::Conflict,
                 ..
-            } => Reply::Conflict,
+            } => Reply::Conflict { first_route: None },
+            Action::DeadLetter {
+                reason: DeadLetterReason::KeyReused { first_route },
+                ..
+            } => Reply::Conflict {
+                first_route: Some(first_route),
+            },
             Action::DeadLetter {
                 reason: DeadLetterReason::Invalid(reason),
                 ..
@@ -331,9 +348,22 @@ impl Gate {
                 })
             }
         };
-        Some(if state.conflicts_with(&checked.fingerprint) {
+        let other_route = state.route.as_ref().filter(|r| **r != checked.route);
+        Some(if let Some(first) = other_route {
             self.count(Outcome::Conflict);
-            Reply::Conflict
+            Reply::Conflict {
+                first_route: Some(first.clone()),
+            }
+        } else if state.conflicts_with(&checked.fingerprint) {
+            self.count(Outcome::Conflict);
+            Reply::Conflict { first_route: None }
+        } else if state.status == KeyStatus::Unknown {
+            // What the sync route answers for it: held for an operator, or
+            // still being retried.
+            self.count(Outcome::Unknown);
+            Reply::Unknown {
+                retry_after: (!state.no_lease).then_some(super::answer::SOON),
+            }
         } else if let Some(r) = state.result {
             self.count(Outcome::Duplicate);
             Reply::Stored {

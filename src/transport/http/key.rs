@@ -21,6 +21,8 @@ pub(super) enum KeyError {
     Repeated(HeaderName),
     #[error("{0}")]
     Invalid(#[from] IdentityError),
+    #[error("keys starting with {0:?} belong to the webhook routes")]
+    Reserved(&'static str),
 }
 
 impl From<KeyError> for Problem {
@@ -35,11 +37,15 @@ impl From<KeyError> for Problem {
 }
 
 impl KeySource {
-    pub(super) fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<IdempotencyKey, KeyError> {
+    pub(super) fn extract(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<IdempotencyKey, KeyError> {
         if let Some(name) = &self.header {
             let mut values = headers.get_all(name).iter();
             match (values.next(), values.next()) {
-                (Some(v), None) => return Ok(IdempotencyKey::parse(&unquote(v.as_bytes()))?),
+                (Some(v), None) => return Ok(IdempotencyKey::from_header(v.as_bytes())?),
                 (Some(_), Some(_)) => return Err(KeyError::Repeated(name.clone())),
                 (None, _) => {}
             }
@@ -66,30 +72,6 @@ impl KeySource {
             (None, None) => "this route has no key source".into(),
         }
     }
-}
-
-/// The IETF draft defines the header as a structured-field string
-/// (`"abc"`); most clients send the bare key. Both mean the same key, so
-/// a payment retried by either kind of client stays one payment.
-fn unquote(raw: &[u8]) -> Vec<u8> {
-    let Some(inner) = raw.strip_prefix(b"\"").and_then(|r| r.strip_suffix(b"\"")) else {
-        return raw.to_vec();
-    };
-    let mut out = Vec::with_capacity(inner.len());
-    let mut bytes = inner.iter();
-    while let Some(&b) = bytes.next() {
-        match b {
-            b'\\' => match bytes.next() {
-                Some(&e @ (b'"' | b'\\')) => out.push(e),
-                // Not a valid sf-string: keep it as sent, so the key check
-                // refuses it rather than guessing.
-                _ => return raw.to_vec(),
-            },
-            b'"' => return raw.to_vec(),
-            _ => out.push(b),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

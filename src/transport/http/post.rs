@@ -10,8 +10,10 @@ use super::problem::Problem;
 use super::publish::PublishError;
 use super::route::Route;
 use super::signature::Webhook;
+use crate::engine::Header;
 use crate::identity::Tenant;
 use axum::extract::{Request, State};
+use axum::http::HeaderName;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use std::collections::HashMap;
@@ -32,9 +34,56 @@ pub(super) struct ApiState {
     /// Sync work outlives its request (a client that gives up does not stop
     /// a payment half-way); shutdown waits for it.
     pub tasks: TaskTracker,
+    /// Request headers that go with the request to the handler (through a
+    /// broker for async routes): the trace context and
+    /// `handler.pass_headers`, as a Kafka or RabbitMQ message's would.
+    pub passed: Vec<HeaderName>,
 }
 
-pub(super) async fn handle(State(s): State<Arc<ApiState>>, name: String, request: Request) -> Response {
+/// The headers of a request that reach the handler: the trace context and
+/// what `handler.pass_headers` names, except the ones that name the
+/// payment (those come from the authenticated caller and the route).
+pub(super) fn passed_headers(settings: &crate::config::Settings) -> Vec<HeaderName> {
+    let identity: Vec<String> = [
+        Some(settings.identity.key_header.to_ascii_lowercase()),
+        match &settings.identity.tenant {
+            crate::config::TenantSource::Header { name } => Some(name.to_ascii_lowercase()),
+            _ => None,
+        },
+        Some(crate::engine::ROUTE_HEADER.to_string()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut names: Vec<HeaderName> = crate::telemetry::CONTEXT_HEADERS
+        .iter()
+        .map(|n| n.to_string())
+        .chain(settings.handler.pass_headers.iter().cloned())
+        .filter(|n| !identity.contains(&n.to_ascii_lowercase()))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect();
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup();
+    names
+}
+
+fn headers_passed(passed: &[HeaderName], request: &axum::http::HeaderMap) -> Vec<Header> {
+    passed
+        .iter()
+        .flat_map(|name| {
+            request
+                .get_all(name)
+                .iter()
+                .map(move |v| Header::new(name.as_str(), v.as_bytes()))
+        })
+        .collect()
+}
+
+pub(super) async fn handle(
+    State(s): State<Arc<ApiState>>,
+    name: String,
+    request: Request,
+) -> Response {
     let Some(route) = s.routes.get(&name) else {
         return answer::no_route(&format!("/v1/{name}"));
     };
@@ -81,10 +130,14 @@ async fn accept(
         Sender::Caller(tenant) => tenant,
         Sender::Signed(hook) => hook.authenticate(&parts.headers, &body).map_err(problem)?,
     };
-    let key = route.key.extract(&parts.headers, &body).map_err(|e| {
-        s.gate.count_invalid();
-        problem(e)
-    })?;
+    let key = route
+        .key
+        .extract(&parts.headers, &body)
+        .and_then(|key| route.namespaced(key, &body))
+        .map_err(|e| {
+            s.gate.count_invalid();
+            problem(e)
+        })?;
     let content_type = parts
         .headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -97,7 +150,7 @@ async fn accept(
         body,
         content_type,
         received_at,
-        trace_context: crate::telemetry::context_headers(&parts.headers),
+        passed: headers_passed(&s.passed, &parts.headers),
     };
     let checked = s.gate.check(command).map_err(answer)?;
     Ok(match &route.publish {

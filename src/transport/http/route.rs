@@ -1,11 +1,13 @@
 //! A configured route, resolved at start-up: where its key comes from,
 //! who may call it, and whether it runs the handler or publishes.
 
-use super::key::KeySource;
+use super::key::{KeyError, KeySource};
 use super::publish::{Destination, Publishers};
 use super::signature::Webhook;
 use crate::config::{ConfigError, RouteSettings, WebhookKind};
+use crate::identity::IdempotencyKey;
 use axum::http::HeaderName;
+use sha2::Digest;
 use std::sync::Arc;
 
 pub(super) struct Route {
@@ -44,6 +46,39 @@ impl Route {
             webhook,
             publish,
         })
+    }
+}
+
+/// Where webhook routes keep their event ids: `webhook/<route>/<event id>`,
+/// a namespace of their own, so an API caller of the same tenant who sends
+/// an event id as `Idempotency-Key` (one seen in a dashboard) can never
+/// take the key of a signed delivery. Other routes may not use it.
+pub(super) const WEBHOOK_KEYS: &str = "webhook/";
+
+impl Route {
+    /// The key this route claims: a webhook's event id in its namespace
+    /// (for a sender whose event id is not signed, the signed body's
+    /// SHA-256 instead, so a captured delivery replayed under a new id is a
+    /// duplicate); an API caller's key as sent, unless it is in the
+    /// webhooks' namespace.
+    pub(super) fn namespaced(
+        &self,
+        key: IdempotencyKey,
+        body: &[u8],
+    ) -> Result<IdempotencyKey, KeyError> {
+        if let Some(hook) = &self.webhook {
+            let key = if hook.signs_its_event_id() {
+                format!("{WEBHOOK_KEYS}{}/{}", self.name, key.as_str())
+            } else {
+                let digest = crate::fingerprint::hex(&sha2::Sha256::digest(body));
+                format!("{WEBHOOK_KEYS}{}/sha256:{digest}", self.name)
+            };
+            return Ok(IdempotencyKey::parse(key.as_bytes())?);
+        }
+        if key.as_str().starts_with(WEBHOOK_KEYS) {
+            return Err(KeyError::Reserved(WEBHOOK_KEYS));
+        }
+        Ok(key)
     }
 }
 

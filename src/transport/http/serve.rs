@@ -7,13 +7,16 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub(super) struct Limits {
+    pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub header_timeout: Duration,
@@ -36,7 +39,17 @@ pub(super) async fn serve(
         .max_header_size(limits.max_header_bytes)
         .max_headers(limits.max_headers);
     let graceful = GracefulShutdown::new();
+    // One permit per open connection: at the limit, the next is accepted
+    // only once one closes (until then it waits in the listen backlog).
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = shutdown.cancelled() => break,
+        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -57,6 +70,7 @@ pub(super) async fn serve(
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "API connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);

@@ -72,6 +72,7 @@ impl Api {
             body_limit: settings.identity.max_body_bytes,
             request_timeout: api.request_timeout,
             tasks: tasks.clone(),
+            passed: post::passed_headers(settings),
         });
         let router = Router::new()
             .route(
@@ -87,6 +88,7 @@ impl Api {
                 source,
             })?;
         let limits = serve::Limits {
+            max_connections: api.max_connections,
             max_header_bytes: api.max_header_bytes,
             max_headers: api.max_headers,
             header_timeout: api.header_timeout,

@@ -47,8 +47,20 @@ impl From<SignatureError> for Problem {
 }
 
 impl Webhook {
+    /// Whether the sender signs its event id (Stripe's is in the signed
+    /// body, with a signed timestamp). GitHub's, Shopify's and a generic
+    /// HMAC sender's event id header is not signed and carries no time: a
+    /// captured delivery replayed with a new id would be a new key.
+    pub(super) fn signs_its_event_id(&self) -> bool {
+        self.kind == WebhookKind::Stripe
+    }
+
     /// Reads the route's secret file; `i` names the route in errors.
-    pub(super) fn load(i: usize, kind: WebhookKind, r: &RouteSettings) -> Result<Self, ConfigError> {
+    pub(super) fn load(
+        i: usize,
+        kind: WebhookKind,
+        r: &RouteSettings,
+    ) -> Result<Self, ConfigError> {
         let setting = |field: &str| format!("api.routes[{i}].{field}");
         let path = r.secret_file.as_deref().ok_or_else(|| {
             ConfigError::new(
@@ -107,7 +119,11 @@ impl Webhook {
     }
 
     /// Checks the signature of `body`; on success the sender's tenant.
-    pub(super) fn authenticate(&self, headers: &HeaderMap, body: &[u8]) -> Result<Tenant, SignatureError> {
+    pub(super) fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Tenant, SignatureError> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);

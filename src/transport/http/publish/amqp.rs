@@ -64,7 +64,13 @@ impl AmqpPublisher {
             properties: BasicProperties::default()
                 .with_headers(headers)
                 .with_delivery_mode(PERSISTENT)
-                .with_content_type("application/json".into()),
+                // The request's own, as the consumer forwards it.
+                .with_content_type(
+                    m.content_type
+                        .as_deref()
+                        .unwrap_or("application/json")
+                        .into(),
+                ),
         };
         let published = publisher.publish(&out).await;
         if let Err(amqp::PublishError::Channel { .. }) = &published {

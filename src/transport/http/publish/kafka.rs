@@ -26,11 +26,15 @@ impl KafkaPublisher {
     /// Keyed by the idempotency key, so every copy of one command lands in
     /// the same partition and is consumed in order.
     pub(crate) async fn send(&self, topic: &str, m: &Publication) -> Result<(), PublishError> {
-        let list: Vec<Header> = m
+        let mut list: Vec<Header> = m
             .headers
             .iter()
             .map(|(name, value)| Header::new(name.as_str(), value.as_slice()))
             .collect();
+        // The request's own, which the consumer forwards with the body.
+        if let Some(ct) = &m.content_type {
+            list.push(Header::new("content-type", ct.as_bytes()));
+        }
         let record = FutureRecord::to(topic)
             .key(m.key.as_bytes())
             .payload(m.body.as_slice())

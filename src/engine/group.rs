@@ -1,0 +1,267 @@
+//! Group commit: the claims (and finishes) of concurrent callers share
+//! statements. Whatever queued while the previous statement ran goes into
+//! the next one, with no timer, so a lone request pays nothing extra and a
+//! crowd of requests (HTTP, a RabbitMQ consumer taking one delivery at a
+//! time, an embedder calling the engine per message) pays one round trip
+//! and one commit per group instead of per request. Each caller gets its
+//! own rows' results the moment its statement returns: nobody waits for
+//! another caller's handler.
+//!
+//! A few statements run at once (one per claim connection the store
+//! allows), each taking what is queued when it starts. A group never holds
+//! one key twice (PostgreSQL touches a row once per statement): a caller
+//! whose keys overlap waits for the next statement. When a combined
+//! statement fails, each caller's rows run again on their own, so every
+//! caller meets its own error (a row PostgreSQL refuses is never blamed on
+//! its neighbours).
+
+use crate::identity::Identity;
+use crate::store::{Store, StoreError};
+use async_trait::async_trait;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+/// One kind of statement that can be shared: its rows, what each row
+/// gets back, and how a group of rows is written.
+#[async_trait]
+pub(super) trait Statement: Send + Sync + 'static {
+    /// One row to write, owned (it crosses tasks).
+    type Row: Send + Sync + 'static;
+    /// What one row gets back.
+    type Out: Send + 'static;
+    /// The key a row writes.
+    fn identity(row: &Self::Row) -> &Identity;
+    /// Writes `rows` in one statement; one answer per row, in order.
+    async fn run(&self, store: &Store, rows: &[Self::Row]) -> Result<Vec<Self::Out>, StoreError>;
+}
+
+type Reply<S> = oneshot::Sender<Result<Vec<<S as Statement>::Out>, StoreError>>;
+
+struct Job<S: Statement> {
+    rows: Vec<S::Row>,
+    reply: Reply<S>,
+}
+
+/// The queue of callers waiting for a statement, and the callers put back
+/// because their keys overlapped the group before them.
+struct Queue<S: Statement> {
+    incoming: mpsc::UnboundedReceiver<Job<S>>,
+    deferred: VecDeque<Job<S>>,
+}
+
+/// Shares statements of kind `S` among concurrent callers (see the module
+/// documentation). The workers start with the first call.
+pub(super) struct Group<S: Statement> {
+    statement: Arc<S>,
+    store: Store,
+    /// Most rows in one statement (`engine.max_batch`).
+    max_rows: usize,
+    /// Statements at once.
+    workers: usize,
+    sender: OnceLock<mpsc::UnboundedSender<Job<S>>>,
+}
+
+impl<S: Statement> Group<S> {
+    pub(super) fn new(statement: S, store: Store, max_rows: usize, workers: usize) -> Self {
+        Self {
+            statement: Arc::new(statement),
+            store,
+            max_rows: max_rows.max(1),
+            workers: workers.max(1),
+            sender: OnceLock::new(),
+        }
+    }
+
+    /// Writes `rows` (distinct keys) in the next statement, with whatever
+    /// other callers queued meanwhile; returns their answers, in order.
+    pub(super) async fn write(&self, rows: Vec<S::Row>) -> Result<Vec<S::Out>, StoreError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = oneshot::channel();
+        let sent = self.sender().send(Job { rows, reply });
+        if let Err(mpsc::error::SendError(job)) = sent {
+            // Only when the workers are gone (the runtime shuts down).
+            return self.statement.run(&self.store, &job.rows).await;
+        }
+        match answer.await {
+            Ok(out) => out,
+            Err(_) => Err(StoreError::Corrupt(
+                "a shared statement's worker stopped before answering".into(),
+            )),
+        }
+    }
+
+    fn sender(&self) -> &mpsc::UnboundedSender<Job<S>> {
+        self.sender.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let queue = Arc::new(Mutex::new(Queue {
+                incoming: rx,
+                deferred: VecDeque::new(),
+            }));
+            for _ in 0..self.workers {
+                let worker = Worker {
+                    statement: self.statement.clone(),
+                    store: self.store.clone(),
+                    queue: queue.clone(),
+                    max_rows: self.max_rows,
+                };
+                tokio::spawn(worker.run());
+            }
+            tx
+        })
+    }
+}
+
+struct Worker<S: Statement> {
+    statement: Arc<S>,
+    store: Store,
+    queue: Arc<Mutex<Queue<S>>>,
+    max_rows: usize,
+}
+
+impl<S: Statement> Worker<S> {
+    async fn run(self) {
+        while let Some(group) = self.next_group().await {
+            self.write(group).await;
+        }
+    }
+
+    /// Waits for a caller, then takes every other one queued now whose
+    /// keys are new to the group, up to `max_rows` rows. None once every
+    /// sender is gone.
+    async fn next_group(&self) -> Option<Vec<Job<S>>> {
+        let mut queue = self.queue.lock().await;
+        let first = match queue.deferred.pop_front() {
+            Some(job) => job,
+            None => queue.incoming.recv().await?,
+        };
+        let mut keys: HashSet<Identity> =
+            first.rows.iter().map(|r| S::identity(r).clone()).collect();
+        let mut rows = first.rows.len();
+        let mut group = vec![first];
+        let mut later = VecDeque::new();
+        let mut take = |job: Job<S>, group: &mut Vec<Job<S>>, later: &mut VecDeque<Job<S>>| {
+            let fits = rows + job.rows.len() <= self.max_rows;
+            let apart = job.rows.iter().all(|r| !keys.contains(S::identity(r)));
+            if fits && apart {
+                keys.extend(job.rows.iter().map(|r| S::identity(r).clone()));
+                rows += job.rows.len();
+                group.push(job);
+            } else {
+                later.push_back(job);
+            }
+        };
+        while let Some(job) = queue.deferred.pop_front() {
+            take(job, &mut group, &mut later);
+        }
+        while let Ok(job) = queue.incoming.try_recv() {
+            take(job, &mut group, &mut later);
+        }
+        queue.deferred = later;
+        Some(group)
+    }
+
+    async fn write(&self, group: Vec<Job<S>>) {
+        if group.len() == 1 {
+            let job = group.into_iter().next().expect("a group of one");
+            let out = self.statement.run(&self.store, &job.rows).await;
+            let _ = job.reply.send(out);
+            return;
+        }
+        let (rows, jobs): (Vec<Vec<S::Row>>, Vec<Reply<S>>) =
+            group.into_iter().map(|j| (j.rows, j.reply)).unzip();
+        let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
+        let all: Vec<S::Row> = rows.into_iter().flatten().collect();
+        match self.statement.run(&self.store, &all).await {
+            Ok(out) => {
+                let mut out = out.into_iter();
+                for (reply, n) in jobs.into_iter().zip(lengths) {
+                    let _ = reply.send(Ok(out.by_ref().take(n).collect()));
+                }
+            }
+            // Each caller's rows on their own: each gets its own answer.
+            Err(_) => {
+                let mut all = all.into_iter();
+                for (reply, n) in jobs.into_iter().zip(lengths) {
+                    let rows: Vec<S::Row> = all.by_ref().take(n).collect();
+                    let _ = reply.send(self.statement.run(&self.store, &rows).await);
+                }
+            }
+        }
+    }
+}
+
+/// A claim, owned: what [`crate::store::ClaimRequest`] borrows.
+pub(super) struct ClaimRow {
+    pub identity: Identity,
+    pub fingerprint: crate::fingerprint::Fingerprint,
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+    pub derived_key: String,
+    pub route: Option<String>,
+}
+
+/// The claim statement, for this process's owner name and lease.
+pub(super) struct Claims {
+    pub owner: String,
+    pub lease: std::time::Duration,
+}
+
+#[async_trait]
+impl Statement for Claims {
+    type Row = ClaimRow;
+    type Out = crate::store::ClaimResult;
+
+    fn identity(row: &ClaimRow) -> &Identity {
+        &row.identity
+    }
+
+    async fn run(&self, store: &Store, rows: &[ClaimRow]) -> Result<Vec<Self::Out>, StoreError> {
+        let requests: Vec<crate::store::ClaimRequest<'_>> = rows
+            .iter()
+            .map(|r| crate::store::ClaimRequest {
+                identity: &r.identity,
+                fingerprint: &r.fingerprint,
+                body: &r.body,
+                content_type: r.content_type.as_deref(),
+                derived_key: &r.derived_key,
+                route: r.route.as_deref(),
+            })
+            .collect();
+        store.claim_batch(&requests, &self.owner, self.lease).await
+    }
+}
+
+/// A finish, owned: what [`crate::store::FinishWrite`] borrows.
+pub(super) struct FinishRow {
+    pub identity: Identity,
+    pub epoch: crate::identity::Epoch,
+    pub finish: crate::store::Finish,
+}
+
+/// The finish statement.
+pub(super) struct Finishes;
+
+#[async_trait]
+impl Statement for Finishes {
+    type Row = FinishRow;
+    type Out = crate::store::Written;
+
+    fn identity(row: &FinishRow) -> &Identity {
+        &row.identity
+    }
+
+    async fn run(&self, store: &Store, rows: &[FinishRow]) -> Result<Vec<Self::Out>, StoreError> {
+        let writes: Vec<crate::store::FinishWrite<'_>> = rows
+            .iter()
+            .map(|r| crate::store::FinishWrite {
+                identity: &r.identity,
+                epoch: r.epoch,
+                finish: r.finish.clone(),
+            })
+            .collect();
+        store.finish_batch(&writes).await
+    }
+}
