@@ -17,6 +17,8 @@
 //! `dedupq` binary, the lab and the integration tests, but are hidden from
 //! these docs: they are not an API an embedder should build on.
 
+#![warn(missing_docs)]
+
 // Running the service.
 pub use config::Settings;
 pub use startup::Application;
@@ -28,8 +30,8 @@ pub use handler::{
 
 // The engines, and the seam to the transports.
 pub use engine::{
-    Action, DeadLetterReason, Decision, Engine, EngineOptions, Incoming, Outcome, Parser,
-    Pipeline, TransactionalEngine, TransactionalHandler, TxFailure, Unavailable,
+    Action, DeadLetterReason, Decision, Engine, EngineOptions, Incoming, Outcome, Parser, Pipeline,
+    TransactionalEngine, TransactionalHandler, TxFailure, Unavailable,
 };
 pub use message::{Header, Source};
 
