@@ -131,7 +131,10 @@ impl Ledger {
     }
 
     /// Every idempotency key (of `tenant`, if given) with its charges.
-    pub(crate) async fn per_key(&self, tenant: Option<&str>) -> Result<Vec<KeyCharges>, sqlx::Error> {
+    pub(crate) async fn per_key(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<KeyCharges>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT idempotency_key, \
                     count(*) FILTER (WHERE state <> 'declined') AS charged, \

@@ -26,7 +26,11 @@ pub(super) trait Row: Serialize {
     fn cells(&self) -> Vec<String>;
 }
 
-pub(super) fn print<R: Row>(format: Format, rows: &[R], out: &mut impl Write) -> anyhow::Result<()> {
+pub(super) fn print<R: Row>(
+    format: Format,
+    rows: &[R],
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     match format {
         Format::Json => {
             for row in rows {

@@ -130,7 +130,13 @@ impl<'a> LeaseKeeper<'a> {
     }
 
     /// Renews every active claim each `every`, until dropped.
-    pub(super) async fn run(&self, store: &Store, metrics: &Metrics, every: Duration, lease: Duration) {
+    pub(super) async fn run(
+        &self,
+        store: &Store,
+        metrics: &Metrics,
+        every: Duration,
+        lease: Duration,
+    ) {
         loop {
             tokio::time::sleep(every).await;
             let active: Vec<usize> = self

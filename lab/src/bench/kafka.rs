@@ -69,7 +69,11 @@ fn plain(brokers: &str, group: &str) -> anyhow::Result<BaseConsumer> {
 }
 
 /// High watermark of every partition.
-pub(super) async fn end_offsets(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
+pub(super) async fn end_offsets(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<Vec<i64>> {
     let (b, t) = (brokers.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let c = plain(&b, "bench-meta")?;

@@ -170,7 +170,10 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> Kafka
 /// Publishes each letter to its source topic and partition with the
 /// original key, payload and headers (the `dedupq-*` ones dropped), and
 /// records what happened on the letter.
-pub(super) async fn replay(settings: &KafkaSettings, letters: &mut [KafkaLetter]) -> Result<(), DlqError> {
+pub(super) async fn replay(
+    settings: &KafkaSettings,
+    letters: &mut [KafkaLetter],
+) -> Result<(), DlqError> {
     // Acknowledged by every in-sync replica, never duplicated by a retry,
     // and each record bounded by kafka.produce_timeout.
     let producer: FutureProducer = kafka::producer(settings, Producing::Replay).create()?;

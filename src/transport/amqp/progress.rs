@@ -117,7 +117,13 @@ impl Progress {
         out
     }
 
-    pub(super) fn report(&self, queues: &[String], after: Duration, health: &Health, metrics: &Metrics) {
+    pub(super) fn report(
+        &self,
+        queues: &[String],
+        after: Duration,
+        health: &Health,
+        metrics: &Metrics,
+    ) {
         let stalled = self.stalled(queues, after);
         metrics
             .stalled_lanes

@@ -30,7 +30,11 @@ impl From<BodyError> for Problem {
 
 /// The whole body, refused as soon as it passes `limit` (a declared
 /// length already over it is refused before reading).
-pub(super) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

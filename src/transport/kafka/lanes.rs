@@ -133,7 +133,13 @@ impl Lanes {
     /// Batch `id` released `lane`: `retries` go back in offset order and
     /// hold the partition for `after`. Says which partitions may fetch
     /// again.
-    pub(super) fn finished(&mut self, lane: &Lane, id: u64, retries: Vec<Held>, after: Duration) -> Flow {
+    pub(super) fn finished(
+        &mut self,
+        lane: &Lane,
+        id: u64,
+        retries: Vec<Held>,
+        after: Duration,
+    ) -> Flow {
         let mut flow = Flow::default();
         let Some(q) = self.lanes.get_mut(&lane.tp).filter(|q| q.lane == *lane) else {
             return flow;
