@@ -1,0 +1,334 @@
+//! Deliveries lapin cannot parse (a non-UTF-8 `message_id` or header
+//! name) break the client's whole connection before dedupq sees them.
+//! The work queue's delivery limit makes RabbitMQ dead-letter them; the
+//! payments around them are charged once, nothing innocent is
+//! dead-lettered, and shutdown stays bounded. While sessions keep failing
+//! (no limit), the queue is reported stalled.
+
+use crate::support::amqp::{self, Client, Msg};
+use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::raw_amqp::{
+    self, death_reason, publish_raw, take_all, FieldValue, RawDelivery, RawProperties,
+};
+use crate::support::{eventually, isolated_store};
+use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq_provider::Knobs;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const TENANT: &str = "acme";
+const DRAIN: Duration = Duration::from_secs(3);
+
+fn payment(key: &str, n: u32) -> Msg {
+    Msg::new(
+        TENANT,
+        key,
+        &format!(r#"{{"amount": {n}, "currency": "EUR"}}"#),
+    )
+}
+
+fn identity(key: &[u8]) -> Vec<(Vec<u8>, FieldValue)> {
+    vec![
+        (b"client-id".to_vec(), FieldValue::LongStr(TENANT.into())),
+        (
+            b"idempotency-key".to_vec(),
+            FieldValue::LongStr(key.to_vec()),
+        ),
+    ]
+}
+
+fn bad_message_id() -> RawProperties {
+    RawProperties {
+        message_id: Some(b"\xff\xfe-poison".to_vec()),
+        headers: Some(identity(b"poison-id")),
+        ..RawProperties::default()
+    }
+}
+
+fn bad_header_name() -> RawProperties {
+    let mut headers = identity(b"poison-name");
+    headers.push((b"x-\xff\xfe".to_vec(), FieldValue::LongStr(b"v".to_vec())));
+    RawProperties {
+        headers: Some(headers),
+        ..RawProperties::default()
+    }
+}
+
+async fn publish_poison(queue: &str, properties: &RawProperties) {
+    publish_raw(&amqp::amqp_url(), queue, properties, br#"{"amount": 666}"#)
+        .await
+        .expect("raw publish");
+}
+
+/// SIGTERM returns within `amqp.drain_timeout` + 5 s.
+async fn stops_within_the_drain_bound(dedupq: &mut Dedupq) {
+    let stopped = dedupq
+        .terminate(DRAIN + Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", dedupq.log_tail()));
+    assert!(
+        stopped < DRAIN + Duration::from_secs(5),
+        "SIGTERM took {stopped:?}"
+    );
+}
+
+fn key_of(d: &RawDelivery) -> Vec<u8> {
+    match d.properties.header(b"idempotency-key") {
+        Some(FieldValue::LongStr(k)) => k.clone(),
+        _ => Vec::new(),
+    }
+}
+
+async fn start(settings: &AmqpSettings, provider: &Provider) -> Dedupq {
+    let (_, store) = isolated_store().await;
+    let mut config = base_config(&store, provider);
+    config.insert("amqp".into(), amqp::config_section(settings));
+    let dedupq = Dedupq::start(&config).await;
+    super::crash::wait_ready(&dedupq).await;
+    dedupq
+}
+
+const KEYS: [&str; 5] = ["before-1", "before-2", "between", "after-1", "after-2"];
+
+/// What became of the seven messages: the keys dead-lettered (with the
+/// broker's reason) and the keys charged, and how long until each message
+/// had one of the two ends.
+struct Ended {
+    dead: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    dead_letters: Vec<RawDelivery>,
+    charged: Vec<&'static str>,
+    took: Duration,
+}
+
+/// Two unreadable deliveries amid five payments, published into a running
+/// `dedupq` with the default prefetch.
+async fn poison_amid_payments(
+    settings: &AmqpSettings,
+    dedupq: &Dedupq,
+    provider: &Provider,
+) -> Ended {
+    let queue = settings.queues[0].clone();
+    let client = Client::connect().await;
+    let started = Instant::now();
+    client.publish(&queue, &payment(KEYS[0], 1)).await;
+    client.publish(&queue, &payment(KEYS[1], 2)).await;
+    publish_poison(&queue, &bad_message_id()).await;
+    client.publish(&queue, &payment(KEYS[2], 3)).await;
+    publish_poison(&queue, &bad_header_name()).await;
+    client.publish(&queue, &payment(KEYS[3], 4)).await;
+    client.publish(&queue, &payment(KEYS[4], 5)).await;
+    let dlq = settings.dead_letter_queue.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (charges, dead) = (provider.stats().await.charges, client.ready(&dlq).await);
+        if charges + i64::from(dead) >= 7 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 60 s only {charges} charged and {dead} dead-lettered of 7 ({} ready in the work queue):\n{}",
+            client.ready(&queue).await,
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = started.elapsed();
+    let dead_letters = take_all(&dlq).await;
+    let mut dead: Vec<_> = dead_letters
+        .iter()
+        .map(|d| (key_of(d), death_reason(&d.properties)))
+        .collect();
+    dead.sort();
+    let mut charged = Vec::new();
+    for key in KEYS {
+        let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
+        assert!(n <= 1, "{key} charged {n} times:\n{}", dedupq.log_tail());
+        if n == 1 {
+            charged.push(key);
+        }
+    }
+    Ended {
+        dead,
+        dead_letters,
+        charged,
+        took,
+    }
+}
+
+fn limited(cautious_acks: u32) -> AmqpSettings {
+    AmqpSettings {
+        delivery_limit: 2,
+        cautious_acks,
+        drain_timeout: DRAIN,
+        prefetch: AmqpSettings::default().prefetch,
+        ..amqp::settings(QueueType::Quorum)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreadable_deliveries_are_dead_lettered_by_the_delivery_limit_and_the_payments_around_them_are_charged_once(
+) {
+    let provider = Provider::start(Knobs::default()).await;
+    let settings = limited(AmqpSettings::default().cautious_acks);
+    let mut dedupq = start(&settings, &provider).await;
+    let ended = poison_amid_payments(&settings, &dedupq, &provider).await;
+
+    let limit = Some(b"delivery_limit".to_vec());
+    assert_eq!(
+        ended.dead,
+        vec![
+            (b"poison-id".to_vec(), limit.clone()),
+            (b"poison-name".to_vec(), limit)
+        ],
+        "only the poisons are dead-lettered, by the broker's delivery limit"
+    );
+    let poison = ended
+        .dead_letters
+        .iter()
+        .find(|d| key_of(d) == b"poison-id")
+        .expect("the message_id poison");
+    assert_eq!(
+        poison.properties.message_id.as_deref(),
+        Some(&b"\xff\xfe-poison"[..]),
+        "the dead letter keeps its bytes"
+    );
+    assert_eq!(ended.charged, KEYS, "every payment charged once");
+    assert!(
+        ended.took < Duration::from_secs(15),
+        "took {:?}",
+        ended.took
+    );
+    eprintln!(
+        "every message ended {:?} after the first publish",
+        ended.took
+    );
+    assert!(dedupq.alive(), "{}", dedupq.log_tail());
+
+    stops_within_the_drain_bound(&mut dedupq).await;
+    let client = Client::connect().await;
+    assert_eq!(
+        client.ready(&settings.queues[0]).await,
+        0,
+        "nothing left behind"
+    );
+    client.cleanup(&settings).await;
+}
+
+/// The broken variant: without one-at-a-time sessions after a failure,
+/// the deliveries in the poison's prefetch window are returned with it on
+/// every failed session, and RabbitMQ dead-letters innocent payments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_cautious_sessions_innocent_payments_behind_a_poison_are_dead_lettered_with_it() {
+    let provider = Provider::start(Knobs::default()).await;
+    let settings = limited(0);
+    let dedupq = start(&settings, &provider).await;
+    let ended = poison_amid_payments(&settings, &dedupq, &provider).await;
+
+    let innocent: Vec<_> = ended
+        .dead
+        .iter()
+        .filter(|(k, _)| !k.starts_with(b"poison"))
+        .collect();
+    assert!(
+        !innocent.is_empty(),
+        "innocent payments dead-lettered: {:?}",
+        ended.dead
+    );
+    assert!(ended.charged.len() < KEYS.len());
+    Client::connect().await.cleanup(&settings).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_stop_and_sigterm_stays_bounded(
+) {
+    let provider = Provider::start(Knobs::default()).await;
+    // A classic queue has no delivery limit: nothing ends the poison but
+    // an operator.
+    let settings = AmqpSettings {
+        stall_after: Duration::from_secs(2),
+        drain_timeout: DRAIN,
+        ..amqp::settings(QueueType::Classic)
+    };
+    let queue = settings.queues[0].clone();
+    let mut dedupq = start(&settings, &provider).await;
+    publish_poison(&queue, &bad_message_id()).await;
+
+    let stalled = r#"dedupq_stalled_lanes{transport="amqp"}"#;
+    let text = eventually(Duration::from_secs(30), "readyz names the queue", || {
+        let (dedupq, queue) = (&dedupq, &queue);
+        async move {
+            let (ok, text) = dedupq.readyz().await;
+            (!ok && text.contains(queue.as_str())).then_some(text)
+        }
+    })
+    .await;
+    assert!(text.contains("no RabbitMQ session has lasted"), "{text}");
+    assert_eq!(dedupq.metric(stalled).await, 1.0);
+
+    // The operator takes the poison away; the next session lasts.
+    let removed = eventually(Duration::from_secs(30), "the poison taken away", || {
+        let queue = queue.clone();
+        async move {
+            let mut raw = raw_amqp::connect(&amqp::amqp_url()).await.ok()?;
+            let got = raw.get(&queue).await.ok().flatten();
+            let _ = raw.close().await;
+            got
+        }
+    })
+    .await;
+    assert_eq!(key_of(&removed), b"poison-id");
+    let client = Client::connect().await;
+    client.publish(&queue, &payment("after", 7)).await;
+    eventually(Duration::from_secs(30), "ready again", || {
+        let dedupq = &dedupq;
+        async move { dedupq.readyz().await.0.then_some(()) }
+    })
+    .await;
+    assert_eq!(dedupq.metric(stalled).await, 0.0);
+    eventually(Duration::from_secs(30), "the payment charged", || async {
+        (provider.charges_for(&format!("{TENANT}:after")).await.len() == 1).then_some(())
+    })
+    .await;
+    stops_within_the_drain_bound(&mut dedupq).await;
+    client.cleanup(&settings).await;
+}
+
+/// After a failed session dedupq consumes one delivery at a time, then
+/// cancels that consumer and consumes with the normal prefetch again. The
+/// broker pushes the next delivery to the cautious consumer as soon as the
+/// last one is acked, and a cancel does not give it back: unless dedupq
+/// handles what the cancelled consumer holds, that payment waits, unacked,
+/// until the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
+    let provider = Provider::start(Knobs::default()).await;
+    let settings = limited(1);
+    let queue = settings.queues[0].clone();
+    let dedupq = start(&settings, &provider).await;
+    let client = Client::connect().await;
+    publish_poison(&queue, &bad_message_id()).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("behind-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        client.publish(&queue, &payment(key, i as u32 + 1)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let charged = provider.stats().await.charges;
+        if charged >= keys.len() as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s only {charged} of {} payments charged ({} ready, the rest stranded):\n{}",
+            keys.len(),
+            client.ready(&queue).await,
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for key in &keys {
+        let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
+        assert_eq!(n, 1, "{key} charged {n} times");
+    }
+    client.cleanup(&settings).await;
+}

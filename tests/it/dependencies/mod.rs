@@ -1,0 +1,13 @@
+//! Hostile dependencies against the real services: a PostgreSQL that
+//! fails over to read-only, times statements out or has a row locked from
+//! another session; a provider in an outage or answering 5xx after it
+//! acted; a worker paused past its lease. None of them may change a stored
+//! outcome, drop an answer the provider gave, or give a payment up for
+//! good.
+
+mod common;
+mod faults;
+mod paused_worker;
+mod provider_outage;
+mod read_only;
+mod row_locks;

@@ -1,0 +1,105 @@
+//! A worker paused (SIGSTOP, as a GC pause or a frozen VM would) while it
+//! holds claimed, queued work, for longer than its lease. Another instance
+//! takes the keys over and settles them. When the paused worker resumes it
+//! starts no provider call on its stale claims, and its late writes are
+//! fenced and counted.
+
+use super::common::{body, set, with_kafka, TENANT};
+use crate::support::kafka::{self, headers, produce};
+use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::{eventually, isolated_store, unique};
+use dedupq_provider::Knobs;
+use std::process::Command;
+use std::time::Duration;
+
+fn signal(dedupq: &Dedupq, sig: &str) {
+    let pid = dedupq.pid().expect("running").to_string();
+    let sent = Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill {sig} {pid}");
+}
+
+fn worker(base: &toml::Table, topic: &str, group: &str, owner: &str) -> toml::Table {
+    let mut config = with_kafka(base, topic, group);
+    set(&mut config, "engine", "owner", owner);
+    // One call at a time: the rest of the batch waits, claimed, in line.
+    set(&mut config, "engine", "concurrency", 1_i64);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider_for_none_of_its_stale_claims(
+) {
+    let (_, store_settings) = isolated_store().await;
+    // Without idempotency, every call the provider gets is a charge.
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_millis(800),
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let (topic, _) = kafka::topics("paused", 1).await;
+    let group = unique("g");
+    let base = base_config(&store_settings, &provider);
+    let mut a = Dedupq::start(&worker(&base, &topic, &group, "worker-a")).await;
+    a.wait_ready(Duration::from_secs(30))
+        .await
+        .expect("a ready");
+
+    const N: usize = 6;
+    let producer = kafka::producer();
+    for k in 0..N {
+        produce(
+            &producer,
+            &topic,
+            0,
+            &headers(TENANT, &format!("pay-{k}")),
+            body(k).as_bytes(),
+        )
+        .await;
+    }
+    eventually(Duration::from_secs(20), "worker a's first call", || async {
+        (provider.stats().await.charges >= 1).then_some(())
+    })
+    .await;
+    signal(&a, "-STOP");
+    let mut b = Dedupq::start(&worker(&base, &topic, &group, "worker-b")).await;
+    // b gets the partition once a misses its session (6 s), past a's lease.
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(90)).await;
+    let resumed_at = chrono::Utc::now();
+    signal(&a, "-CONT");
+    eventually(
+        Duration::from_secs(20),
+        "the resumed worker's late writes fenced and counted",
+        || async { (a.metric("dedupq_fenced_writes_total").await >= 1.0).then_some(()) },
+    )
+    .await;
+    // Long enough for every call a would start on its queue to reach the
+    // provider (each waits behind the previous one's 0.8 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let mut late = Vec::new();
+    for k in 0..N {
+        let key = format!("pay-{k}");
+        let charges = provider.charges_for(&format!("{TENANT}:{key}")).await;
+        let by_a = |c: &&dedupq_provider::Charge| c.owner.as_deref() == Some("worker-a");
+        late.extend(
+            charges
+                .iter()
+                .filter(by_a)
+                .filter(|c| c.created_at > resumed_at)
+                .map(|c| format!("{key} at {}", c.created_at)),
+        );
+        // A call a had on its way when it stopped is retried by b: the one
+        // double charge a provider without idempotency cannot avoid. Every
+        // key a had only queued is charged once, by b.
+        if !charges.iter().any(|c| by_a(&c)) {
+            assert_eq!(charges.len(), 1, "{key}: {charges:?}");
+        }
+    }
+    assert!(late.is_empty(), "calls from the resumed worker: {late:?}");
+    a.kill();
+    b.kill();
+}

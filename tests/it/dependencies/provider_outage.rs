@@ -1,0 +1,198 @@
+//! The provider in an outage (every POST answered a bare 503, nothing
+//! charged) while payments keep arriving; and a provider that charged and
+//! then answered 500, replaying that 500 to the same key as Stripe's v1
+//! API does. No payment is stored failed, none is given up: intake pauses,
+//! one probe at a time tests the provider, and everything is charged once
+//! when it is back; a 500 after a charge is `unknown`, never `failed`.
+
+use super::common::{body, set, status, with_kafka, TENANT};
+use crate::support::kafka::{self, headers, produce};
+use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::{eventually, isolated_store, unique};
+use dedupq_provider::Knobs;
+use serde_json::json;
+use std::time::Duration;
+
+const OUTAGE: Duration = Duration::from_secs(12);
+
+/// Handler calls dedupq made (every answer, whatever it was).
+async fn calls(dedupq: &Dedupq) -> f64 {
+    dedupq.metric("dedupq_handler_duration_seconds_count").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_all_charged_once_when_it_is_back(
+) {
+    let (store, store_settings) = isolated_store().await;
+    let provider = Provider::start(Knobs::default()).await;
+    let (topic, _) = kafka::topics("outage", 2).await;
+    let group = unique("g");
+    let mut base = base_config(&store_settings, &provider);
+    // Shorter than the outage: time paused for it must not count.
+    set(&mut base, "handler", "retry_for", "4s");
+    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    provider
+        .set_knobs(json!({ "fail_rate": 1.0, "fail_retry_after": false }))
+        .await;
+    let started = tokio::time::Instant::now();
+    const N: usize = 20;
+    let producer = kafka::producer();
+    for k in 0..N {
+        let key = format!("pay-{k}");
+        produce(
+            &producer,
+            &topic,
+            (k % 2) as i32,
+            &headers(TENANT, &key),
+            body(k).as_bytes(),
+        )
+        .await;
+        // The first few together (the outage is seen across them), the
+        // rest spread over it.
+        if k >= 3 {
+            tokio::time::sleep(OUTAGE / (N as u32 * 2)).await;
+        }
+    }
+    eventually(Duration::from_secs(10), "intake paused", || async {
+        (dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
+    })
+    .await;
+    let (ready, why) = dedupq.readyz().await;
+    assert!(!ready && why.contains("provider outage"), "{why}");
+    tokio::time::sleep(OUTAGE.saturating_sub(started.elapsed())).await;
+    let during = calls(&dedupq).await;
+    assert!(
+        during <= 60.0,
+        "only probes reach a provider in an outage, one at a time: {during} calls"
+    );
+    assert_eq!(provider.stats().await.charges, 0);
+    let dead = |m: String| {
+        m.lines()
+            .filter(|l| l.starts_with("dedupq_dead_letters_total") && !l.ends_with(" 0"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        dead(dedupq.metrics().await).is_empty(),
+        "{:?}",
+        dead(dedupq.metrics().await)
+    );
+
+    provider.set_knobs(json!({ "fail_rate": 0.0 })).await;
+    kafka::wait_committed_to_end(&group, &topic, 2, Duration::from_secs(60)).await;
+    for k in 0..N {
+        let key = format!("pay-{k}");
+        assert_eq!(status(&store, &key).await.as_deref(), Some("done"), "{key}");
+        assert_eq!(
+            provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
+            1,
+            "{key}: charged once"
+        );
+    }
+    assert_eq!(
+        dedupq.metric("dedupq_dead_letters_total").await,
+        0.0,
+        "nothing dead-lettered"
+    );
+    assert_eq!(
+        dedupq
+            .metric(r#"dedupq_messages_total{outcome="failed"}"#)
+            .await,
+        0.0,
+        "nothing stored failed"
+    );
+    assert_eq!(dedupq.metric("dedupq_handler_paused").await, 0.0);
+    dedupq
+        .wait_ready(Duration::from_secs(20))
+        .await
+        .expect("ready again");
+    dedupq.kill();
+}
+
+/// A provider that charges and then answers 500 to the first request of
+/// `pay-0`; `replay`: repeats of the key get that 500 again.
+async fn charged_then_500(replay: bool) -> (String, usize, Dedupq) {
+    let (store, store_settings) = isolated_store().await;
+    let provider = Provider::start(Knobs {
+        error_after_charge_next: 1,
+        error_after_charge_replay: replay,
+        ..Knobs::default()
+    })
+    .await;
+    let (topic, _) = kafka::topics("err_after_charge", 1).await;
+    let group = unique("g");
+    let base = base_config(&store_settings, &provider);
+    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+    let producer = kafka::producer();
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "pay-0"),
+        body(0).as_bytes(),
+    )
+    .await;
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    // A duplicate afterwards is answered with what is stored.
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "pay-0"),
+        body(0).as_bytes(),
+    )
+    .await;
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    let charges = provider.charges_for(&format!("{TENANT}:pay-0")).await.len();
+    let stored = status(&store, "pay-0").await.unwrap_or_default();
+    (stored, charges, dedupq)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_500_after_the_provider_charged_is_unknown_and_settles_done_with_that_charge() {
+    let (stored, charges, mut dedupq) = charged_then_500(false).await;
+    assert_eq!(charges, 1);
+    assert_eq!(
+        stored, "done",
+        "the retry with the same key gets the charge"
+    );
+    assert!(
+        dedupq
+            .metric(r#"dedupq_messages_total{outcome="unknown"}"#)
+            .await
+            >= 1.0
+    );
+    dedupq.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_500_replayed_for_a_charged_key_holds_it_unknown_and_never_stores_it_failed() {
+    let (stored, charges, mut dedupq) = charged_then_500(true).await;
+    assert_eq!(charges, 1);
+    assert_eq!(
+        stored, "unknown",
+        "charged and answered 500 on every try: unknown, never failed"
+    );
+    assert_eq!(
+        dedupq
+            .metric(r#"dedupq_dead_letters_total{reason="outcome_unknown"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        dedupq
+            .metric(r#"dedupq_messages_total{outcome="failed"}"#)
+            .await,
+        0.0
+    );
+    dedupq.kill();
+}

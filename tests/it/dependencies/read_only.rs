@@ -1,0 +1,203 @@
+//! PostgreSQL fails over to a read-only server (SQLSTATE 25006) after the
+//! provider charged and before the outcome is stored. The answer is kept
+//! and stored once writes work again; nothing is committed, acked or
+//! dead-lettered before that; a payment arriving meanwhile waits and runs
+//! once; /readyz says why it is not ready.
+
+use super::common::{body, status, with_amqp, with_kafka, TENANT};
+use crate::support::amqp::{Client, Msg};
+use crate::support::kafka::{self, headers, produce};
+use crate::support::pg_faults::FaultyRole;
+use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::{eventually, isolated_store, unique};
+use dedupq_provider::Knobs;
+use std::time::Duration;
+
+/// Longer than the test's lease (3 s): the lease must survive it.
+const READ_ONLY_FOR: Duration = Duration::from_secs(12);
+
+/// Waits until /readyz is 503 and names SQLSTATE 25006.
+async fn not_ready_for_read_only(dedupq: &Dedupq) {
+    eventually(
+        Duration::from_secs(20),
+        "/readyz not ready, naming 25006",
+        || async {
+            let (ok, body) = dedupq.readyz().await;
+            (!ok && body.contains("25006")).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Checks, while the database stays read-only, that nothing was given up.
+async fn nothing_given_up(dedupq: &Dedupq, provider: &Provider) {
+    let metrics = dedupq.metrics().await;
+    let metric = |s: &str| crate::support::process::metric_value(&metrics, s);
+    assert_eq!(
+        metric("dedupq_dead_letters_total"),
+        0.0,
+        "nothing dead-lettered"
+    );
+    assert_eq!(
+        metric(r#"dedupq_messages_total{outcome="invalid"}"#),
+        0.0,
+        "no payment counted invalid"
+    );
+    assert!(
+        metric(r#"dedupq_store_errors_total{class="25"}"#) > 0.0,
+        "read-only errors counted under class 25"
+    );
+    assert_eq!(
+        provider.stats().await.charges,
+        1,
+        "the payment that arrived meanwhile is not run before it can be claimed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards_and_only_then_committed(
+) {
+    let (store, store_settings) = isolated_store().await;
+    let role = FaultyRole::create().await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let (topic, _) = kafka::topics("readonly", 1).await;
+    let group = unique("g");
+    let base = base_config(&role.store_settings(&store_settings), &provider);
+    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    let producer = kafka::producer();
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "pay-0"),
+        body(0).as_bytes(),
+    )
+    .await;
+    eventually(Duration::from_secs(20), "the provider charged", || async {
+        (provider.stats().await.charges == 1).then_some(())
+    })
+    .await;
+    // The charge is made; its answer comes in 2 s, to a read-only server.
+    role.fail_over_to_read_only().await;
+    not_ready_for_read_only(&dedupq).await;
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "pay-1"),
+        body(1).as_bytes(),
+    )
+    .await;
+
+    let until = tokio::time::Instant::now() + READ_ONLY_FOR;
+    while tokio::time::Instant::now() < until {
+        assert_eq!(
+            kafka::committed(&group, &topic, 1).await,
+            vec![-1],
+            "nothing committed while the outcome is not stored"
+        );
+        assert_eq!(
+            status(&store, "pay-0").await.as_deref(),
+            Some("in_progress")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    nothing_given_up(&dedupq, &provider).await;
+
+    // Writable again for new sessions only: dedupq replaces its own.
+    role.writable_again().await;
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    for k in ["pay-0", "pay-1"] {
+        assert_eq!(status(&store, k).await.as_deref(), Some("done"), "{k}");
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        assert_eq!(charges.len(), 1, "{k}: one charge");
+    }
+    assert_eq!(
+        provider.stats().await.charges,
+        2,
+        "one provider charge each"
+    );
+    dedupq
+        .wait_ready(Duration::from_secs(20))
+        .await
+        .expect("ready again once writes work");
+    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    dedupq.kill();
+    role.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards_and_only_then_acked(
+) {
+    let (store, store_settings) = isolated_store().await;
+    let role = FaultyRole::create().await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let base = base_config(&role.store_settings(&store_settings), &provider);
+    let (config, settings) = with_amqp(&base);
+    let queue = settings.queues[0].clone();
+    let mut dedupq = Dedupq::start(&config).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    let client = Client::connect().await;
+    client
+        .publish(&queue, &Msg::new(TENANT, "pay-0", &body(0)))
+        .await;
+    eventually(Duration::from_secs(20), "the provider charged", || async {
+        (provider.stats().await.charges == 1).then_some(())
+    })
+    .await;
+    role.fail_over_to_read_only().await;
+    not_ready_for_read_only(&dedupq).await;
+    client
+        .publish(&queue, &Msg::new(TENANT, "pay-1", &body(1)))
+        .await;
+
+    let until = tokio::time::Instant::now() + READ_ONLY_FOR;
+    while tokio::time::Instant::now() < until {
+        assert_eq!(
+            status(&store, "pay-0").await.as_deref(),
+            Some("in_progress")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    nothing_given_up(&dedupq, &provider).await;
+    assert!(
+        client.drain(&settings.dead_letter_queue).await.is_empty(),
+        "nothing in the dead-letter queue"
+    );
+
+    role.writable_again().await;
+    for k in ["pay-0", "pay-1"] {
+        eventually(Duration::from_secs(60), "stored done", || async {
+            (status(&store, k).await.as_deref() == Some("done")).then_some(())
+        })
+        .await;
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        assert_eq!(charges.len(), 1, "{k}: one charge");
+    }
+    eventually(Duration::from_secs(20), "the queue drained", || async {
+        (client.ready(&queue).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(provider.stats().await.charges, 2);
+    assert!(client.drain(&settings.dead_letter_queue).await.is_empty());
+    dedupq.kill();
+    client.cleanup(&settings).await;
+    role.drop().await;
+}

@@ -1,0 +1,172 @@
+//! A row locked from another session (an operator's `SELECT … FOR UPDATE`
+//! in psql), alone and with a statement timeout on dedupq's role. dedupq's
+//! own `store.lock_timeout` bounds every wait: the locked key waits, its
+//! batch and partition go on, and a charged payment's answer is stored
+//! once the lock is gone — never dead-lettered.
+
+use super::common::{body, status, with_kafka, TENANT};
+use crate::support::kafka::{self, headers, produce};
+use crate::support::pg_faults::{FaultyRole, RowLock};
+use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::{eventually, isolated_store, unique};
+use dedupq_provider::Knobs;
+use std::time::Duration;
+
+const LOCKED_FOR: Duration = Duration::from_secs(8);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_finish_cancelled_by_the_roles_statement_timeout_on_a_locked_row_is_stored_after_the_lock_and_only_then_committed(
+) {
+    let (store, store_settings) = isolated_store().await;
+    let schema = store_settings.schema.clone().expect("test schema");
+    let role = FaultyRole::create().await;
+    // Shorter than dedupq's lock_timeout (1 s): PostgreSQL cancels the
+    // waiting finish (57014) before the lock wait runs out.
+    role.statement_timeout(Some(400)).await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let (topic, _) = kafka::topics("stmt_timeout", 1).await;
+    let group = unique("g");
+    let base = base_config(&role.store_settings(&store_settings), &provider);
+    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    let producer = kafka::producer();
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "pay-0"),
+        body(0).as_bytes(),
+    )
+    .await;
+    eventually(Duration::from_secs(20), "the provider charged", || async {
+        (provider.stats().await.charges == 1).then_some(())
+    })
+    .await;
+    // The answer comes in 2 s; the row is locked from psql before that.
+    let lock = RowLock::take(&schema, TENANT, "pay-0").await;
+    let until = tokio::time::Instant::now() + LOCKED_FOR;
+    while tokio::time::Instant::now() < until {
+        assert_eq!(
+            kafka::committed(&group, &topic, 1).await,
+            vec![-1],
+            "nothing committed while the outcome is not stored"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        status(&store, "pay-0").await.as_deref(),
+        Some("in_progress")
+    );
+    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    lock.release().await;
+
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    assert_eq!(status(&store, "pay-0").await.as_deref(), Some("done"));
+    assert_eq!(
+        provider.charges_for(&format!("{TENANT}:pay-0")).await.len(),
+        1
+    );
+    assert_eq!(provider.stats().await.charges, 1, "one provider call");
+    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    assert!(
+        dedupq
+            .metric(r#"dedupq_claims_total{result="locked"}"#)
+            .await
+            > 0.0,
+        "the message came back while its row was locked, and waited"
+    );
+    dedupq.kill();
+    role.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_row_locked_from_psql_holds_back_its_own_key_and_never_its_batch_or_partition() {
+    let (store, store_settings) = isolated_store().await;
+    let schema = store_settings.schema.clone().expect("test schema");
+    let provider = Provider::start(Knobs::default()).await;
+    let (topic, _) = kafka::topics("row_lock", 1).await;
+    let group = unique("g");
+    let base = base_config(&store_settings, &provider);
+    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    let producer = kafka::producer();
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "locked"),
+        body(0).as_bytes(),
+    )
+    .await;
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+
+    // An operator inspects the key in psql and leaves the transaction open.
+    let lock = RowLock::take(&schema, TENANT, "locked").await;
+    // A duplicate of the locked key first, then new payments behind it.
+    produce(
+        &producer,
+        &topic,
+        0,
+        &headers(TENANT, "locked"),
+        body(0).as_bytes(),
+    )
+    .await;
+    const N: usize = 5;
+    for k in 1..=N {
+        produce(
+            &producer,
+            &topic,
+            0,
+            &headers(TENANT, &format!("pay-{k}")),
+            body(k).as_bytes(),
+        )
+        .await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "the payments behind the locked key are charged and stored while it stays locked",
+        || async {
+            for k in 1..=N {
+                if status(&store, &format!("pay-{k}")).await.as_deref() != Some("done") {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    // Longer than store.lock_timeout: the locked key keeps waiting alone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let end = kafka::end_offsets(&topic, 1).await;
+    assert!(
+        kafka::committed(&group, &topic, 1).await[0] < end[0],
+        "the locked key's duplicate is not committed while its row is locked"
+    );
+    assert!(
+        dedupq
+            .metric(r#"dedupq_claims_total{result="locked"}"#)
+            .await
+            > 0.0,
+        "the locked claim is counted"
+    );
+    lock.release().await;
+    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    assert_eq!(
+        provider.stats().await.charges,
+        N as i64 + 1,
+        "one charge per payment"
+    );
+    dedupq.kill();
+}

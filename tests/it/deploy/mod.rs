@@ -1,0 +1,17 @@
+//! Deployable where payments run, against the real services: Kafka over
+//! SASL_SSL, RabbitMQ over TLS, PostgreSQL with verify-full; instances
+//! started together, a runtime role without DDL rights, probes while
+//! PostgreSQL is away; schema names; secrets kept out of output and logs;
+//! the Kubernetes manifests.
+
+mod amqp_tls;
+mod architecture;
+mod kafka_sasl;
+mod manifests;
+mod pg_tls;
+mod probes;
+mod readme_examples;
+mod roles;
+mod schema_names;
+mod schema_race;
+mod secrets;

@@ -1,0 +1,15 @@
+//! The engine and the claim store against a real PostgreSQL.
+
+mod batch_claims;
+mod concurrency;
+mod conflicts;
+mod failures;
+mod fingerprint_versions;
+mod hot_finishes;
+mod invalid_input;
+mod odd_answers;
+mod renewal;
+mod retention;
+mod takeover;
+mod tenants;
+mod transactional;

@@ -1,0 +1,56 @@
+//! `api.max_connections`: open client connections are bounded; past the
+//! bound a new connection waits (in the listen backlog) until one closes,
+//! so idle keep-alive clients cannot exhaust the process's descriptors.
+
+use super::harness::App;
+use crate::support::process::Provider;
+use dedupq_provider::Knobs;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Sends a request for a route that does not exist on `stream` and reads
+/// the status line, within `limit`; None if no answer came.
+async fn status_line(stream: &mut TcpStream, limit: Duration) -> Option<String> {
+    let request = "POST /v1/nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(limit, stream.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    text.lines().next().map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_past_api_max_connections_waits_until_one_closes() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = App::with(&provider, |s, _| s.api.max_connections = 2).await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        let line = status_line(&mut s, Duration::from_secs(10)).await;
+        assert!(
+            line.is_some_and(|l| l.contains("404")),
+            "served within the bound"
+        );
+        held.push(s);
+    }
+    let mut third = TcpStream::connect(&addr)
+        .await
+        .expect("queued by the kernel");
+    assert_eq!(
+        status_line(&mut third, Duration::from_millis(1500)).await,
+        None,
+        "not served while two connections are open"
+    );
+    drop(held.pop());
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf))
+        .await
+        .expect("served once a connection closed")
+        .expect("read");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("404"));
+}

@@ -1,0 +1,19 @@
+//! The HTTP API against the real server: PostgreSQL, Kafka, RabbitMQ and
+//! the provider simulator. Every test has its own schema, port, topic and
+//! queue names.
+
+mod harness;
+
+mod async_routes;
+mod config;
+mod connections;
+mod crash;
+mod cross_transport;
+mod forwarded;
+mod key_routes;
+mod read_only;
+mod requests;
+mod row_lock;
+mod seed;
+mod shutdown;
+mod webhooks;
