@@ -12,10 +12,7 @@
 //! table's schema if it does not exist.
 
 use async_trait::async_trait;
-use dedupq::config::Settings;
-use dedupq::engine::{TransactionalHandler, TxFailure};
-use dedupq::handler::{HandlerCall, HandlerResult};
-use dedupq::startup::Application;
+use dedupq::{Application, HandlerCall, HandlerResult, Settings, TransactionalHandler, TxFailure};
 use serde_json::json;
 use sqlx::PgConnection;
 use std::sync::Arc;
@@ -67,10 +64,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Creates the ledger table if needed and consumes until stopped.
-pub async fn run(
-    settings: Settings,
-    handler: Arc<dyn dedupq::engine::TransactionalHandler>,
-) -> anyhow::Result<()> {
+pub async fn run(settings: Settings, handler: Arc<dyn TransactionalHandler>) -> anyhow::Result<()> {
     let app = Application::build_transactional(settings, handler).await?;
     // Deliberately no unique constraint: a second booking of one payment
     // must show as a second row, not hide behind an error.

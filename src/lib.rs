@@ -13,6 +13,31 @@
 //! installs logging and trace export. A transport of one's own hands
 //! [`Incoming`] batches to a [`Pipeline`] and applies each [`Decision`].
 //!
+//! ```no_run
+//! use dedupq::{Application, Handler, HandlerCall, HandlerOutcome, HandlerResult, Settings};
+//! use std::sync::Arc;
+//!
+//! struct Payments;
+//!
+//! #[async_trait::async_trait]
+//! impl Handler for Payments {
+//!     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome {
+//!         // Send call.derived_key as the provider's idempotency key.
+//!         let _ = call.derived_key;
+//!         HandlerOutcome::Success(HandlerResult::json(201, &serde_json::json!({"ok": true})))
+//!     }
+//! }
+//!
+//! # async fn start() -> anyhow::Result<()> {
+//! let settings = Settings::load(None)?;
+//! dedupq::telemetry::init(&settings.log);
+//! Application::build_with_handler(settings, Arc::new(Payments))
+//!     .await?
+//!     .run_until_stopped()
+//!     .await
+//! # }
+//! ```
+//!
 //! The other modules are the service's own parts. They stay public for the
 //! `dedupq` binary, the lab and the integration tests, but are hidden from
 //! these docs: they are not an API an embedder should build on.
