@@ -41,6 +41,7 @@ impl Application {
     /// prepares the store as `store.migrate` says, waiting for PostgreSQL,
     /// and the engine with the handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        settings.validate_for_run()?;
         let handler = handler::from_settings(&settings.handler).await?;
         Self::build_with_handler(settings, handler).await
     }
