@@ -22,6 +22,7 @@ pub const LEGACY_VERSION: i16 = 1;
 
 /// Which fields of the body take part in the fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FingerprintSpec {
     /// Bumped whenever `include`/`exclude` change, so rows stored under the
     /// old definition are not reported as conflicts. 1 selects the legacy

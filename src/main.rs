@@ -9,7 +9,17 @@ use std::process::ExitCode;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match Settings::load(cli.config.as_deref()) {
+    // `run` calls the built-in HTTP handler; `config` shows what `run`
+    // would start with, so both refuse a missing handler.url.
+    let runs = matches!(cli.command, Command::Run | Command::Config);
+    let loaded = Settings::load(cli.config.as_deref()).and_then(|s| {
+        if runs {
+            s.validate_for_run().map(|()| s)
+        } else {
+            Ok(s)
+        }
+    });
+    let settings = match loaded {
         Ok(mut s) => {
             if cli.json_logs {
                 s.log.format = dedupq::config::LogFormat::Json;

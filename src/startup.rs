@@ -41,6 +41,7 @@ impl Application {
     /// prepares the store as `store.migrate` says, waiting for PostgreSQL,
     /// and the engine with the handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        settings.validate_for_run()?;
         let handler = handler::from_settings(&settings.handler).await?;
         Self::build_with_handler(settings, handler).await
     }
@@ -324,10 +325,17 @@ async fn prepare_store(
 async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = shutdown.cancelled() => {}
+    // SIGHUP asks for credential files to be read again (the API watches
+    // it); it never stops the process, whatever is enabled.
+    let mut hangup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = hangup.recv() => continue,
+            _ = shutdown.cancelled() => {}
+        }
+        break;
     }
     shutdown.cancel();
     Ok(())

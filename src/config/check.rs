@@ -10,6 +10,10 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     check_engine(s)?;
     check_identity(s)?;
     check_retention(s)?;
+    check_log(s)?;
+    if !s.kafka.topics.is_empty() {
+        s.kafka.validate()?;
+    }
     if !s.amqp.queues.is_empty() {
         s.amqp.validate()?;
     }
@@ -23,7 +27,10 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
 /// credentials, before the handler is built from it.
 fn check_handler(s: &Settings) -> Result<(), ConfigError> {
     let url = &s.handler.url;
-    let ok = url::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+    // Unset is allowed here (a library user may bring its own handler);
+    // `dedupq run` and `dedupq config` refuse it (`check_handler_url`).
+    let ok = url.is_empty()
+        || url::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
     if !ok {
         return Err(ConfigError::new(
             "handler.url",
@@ -49,6 +56,41 @@ fn check_handler(s: &Settings) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Whether anything consumes payments: a Kafka topic, a RabbitMQ queue or
+/// the HTTP API.
+fn consumes(s: &Settings) -> bool {
+    !s.kafka.topics.is_empty() || !s.amqp.queues.is_empty() || s.api.enabled
+}
+
+/// The built-in HTTP handler needs `handler.url` once anything consumes
+/// payments: with the URL forgotten, nothing may be claimed.
+pub(super) fn check_handler_url(s: &Settings) -> Result<(), ConfigError> {
+    if consumes(s) && s.handler.url.is_empty() {
+        return Err(ConfigError::new(
+            "handler.url",
+            "is not set, and a transport is enabled (kafka.topics, amqp.queues or api.enabled): \
+             payments would have nowhere to go",
+            "set handler.url (or handler.url_file) to the provider's charge endpoint, \
+             e.g. https://psp.example/v1/charges (the bundled simulator: \
+             http://127.0.0.1:8081/charges)",
+        ));
+    }
+    Ok(())
+}
+
+/// A filter the log cannot use would silently fall back to `info`.
+fn check_log(s: &Settings) -> Result<(), ConfigError> {
+    tracing_subscriber::EnvFilter::try_new(&s.log.filter)
+        .map(drop)
+        .map_err(|e| {
+            ConfigError::new(
+                "log.filter",
+                format!("'{}' is not a log filter: {e}", s.log.filter),
+                "use tracing directives, e.g. \"info\" or \"warn,dedupq=debug\"",
+            )
+        })
 }
 
 fn check_engine(s: &Settings) -> Result<(), ConfigError> {
@@ -171,6 +213,13 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
                 humantime::format_duration(horizon)
             ),
             "keep finished keys longer than the longest redelivery delay",
+        ));
+    }
+    if r.purge_every.is_zero() {
+        return Err(ConfigError::new(
+            "retention.purge_every",
+            "must be longer than 0s",
+            "the default is 1m",
         ));
     }
     if r.purge_batch <= 0 {

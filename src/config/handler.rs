@@ -90,10 +90,11 @@ pub struct HandlerRoute {
 #[serde(default, deny_unknown_fields)]
 pub struct HandlerSettings {
     /// `handler.kind` (default `payment`). Both kinds run the same HTTP
-    /// forwarder; `payment` names the setup against the bundled provider
-    /// simulator, which the default `handler.url` points at.
+    /// forwarder; `payment` names a payment provider's charge endpoint.
     pub kind: HandlerKind,
-    /// Where the work call goes unless a route says otherwise. May carry
+    /// `handler.url` (no default): where the work call goes unless a route
+    /// says otherwise. `dedupq run` refuses to start without it (a
+    /// forgotten `[handler]` must not send payments anywhere). May carry
     /// credentials: hidden in `dedupq config`, never logged.
     pub url: String,
     /// A file holding the URL (a Kubernetes or Docker secret); wins over
@@ -158,7 +159,7 @@ impl Default for HandlerSettings {
     fn default() -> Self {
         Self {
             kind: HandlerKind::Payment,
-            url: "http://127.0.0.1:8081/charges".into(),
+            url: String::new(),
             url_file: None,
             timeout: Duration::from_secs(10),
             key_header: "Idempotency-Key".into(),

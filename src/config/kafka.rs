@@ -1,5 +1,6 @@
 //! Kafka settings (`[kafka]`).
 
+use super::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -71,8 +72,11 @@ pub struct KafkaSettings {
     /// that go away may take to finish before what is done is committed.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
-    /// Where a group without a committed offset starts: `earliest` (never
-    /// skip a payment) or `latest`.
+    /// Where a group without a committed offset starts: `earliest`, the
+    /// only value accepted (`latest` would skip every payment already on
+    /// the topic). To start a new group at the end of a topic, set its
+    /// offsets before the first start (`kafka-consumer-groups.sh
+    /// --reset-offsets --to-latest --execute`).
     pub auto_offset_reset: String,
     /// The group coordinator declares this member dead after this silence;
     /// its partitions then move to the others.
@@ -123,5 +127,201 @@ impl KafkaSettings {
             brokers: brokers.to_string(),
             ..Self::default()
         }
+    }
+}
+
+/// `[kafka.client]` keys dedupq sets itself and refuses to take from
+/// there, each with what it protects: they are never passed to any client.
+pub const MANAGED_CLIENT_KEYS: [(&str, &str); 5] = [
+    (
+        "enable.auto.commit",
+        "offsets are committed only after outcomes are durable",
+    ),
+    (
+        "auto.commit.enable",
+        "offsets are committed only after outcomes are durable",
+    ),
+    (
+        "enable.auto.offset.store",
+        "offsets are committed only after outcomes are durable",
+    ),
+    (
+        "isolation.level",
+        "read_committed keeps records of aborted producer transactions from being charged",
+    ),
+    (
+        "auto.offset.reset",
+        "set kafka.auto_offset_reset; a group without offsets must not skip payments",
+    ),
+];
+
+impl KafkaSettings {
+    /// The first `[kafka.client]` key that dedupq manages itself, with
+    /// what it protects.
+    pub fn managed_client_key(&self) -> Option<(&'static str, &'static str)> {
+        MANAGED_CLIENT_KEYS
+            .into_iter()
+            .find(|(k, _)| self.client.contains_key(*k))
+    }
+
+    /// The checks of `[kafka]` while `kafka.topics` names any topic: run
+    /// when the configuration is loaded (so `dedupq config` sees them) and
+    /// again when the transport starts from settings built in code.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting: &str, problem: &str, fix: &str| {
+            Err(ConfigError::new(&format!("kafka.{setting}"), problem, fix))
+        };
+        for (setting, value) in [
+            ("batch_size", self.batch_size),
+            ("max_batches_in_flight", self.max_batches_in_flight),
+        ] {
+            if value == 0 {
+                return bad(setting, "must be at least 1", "set a positive value");
+            }
+        }
+        if self.max_buffered_per_partition < 2 {
+            return bad(
+                "max_buffered_per_partition",
+                "must be at least 2",
+                "the default is 10000",
+            );
+        }
+        for (setting, value) in [
+            ("commit_interval", self.commit_interval),
+            ("stats_interval", self.stats_interval),
+            ("session_timeout", self.session_timeout),
+            ("produce_timeout", self.produce_timeout),
+        ] {
+            if value.is_zero() {
+                return bad(setting, "must be longer than 0s", "set a positive duration");
+            }
+        }
+        if self.auto_offset_reset != "earliest" {
+            return bad(
+                "auto_offset_reset",
+                &format!(
+                    "'{}' is refused: a new or reset consumer group would skip every payment \
+                     already on the topic, and they would never be processed",
+                    self.auto_offset_reset
+                ),
+                "use \"earliest\"; to start a new group at the end of a topic on purpose, set \
+                 its offsets before the first start (kafka-consumer-groups.sh --reset-offsets \
+                 --to-latest --execute)",
+            );
+        }
+        if self.dlq_suffix.is_empty() {
+            return bad(
+                "dlq_suffix",
+                "is empty: dead letters would go back to the topic they came from",
+                "the default is .dlq",
+            );
+        }
+        for topic in self.topics.iter().chain(&self.reply_topic) {
+            if !valid_topic(topic) {
+                return bad(
+                    "topics",
+                    &format!(
+                        "'{topic}' is not a valid Kafka topic name (1..=249 of a-z A-Z 0-9 . _ -)"
+                    ),
+                    "rename the topic",
+                );
+            }
+            let dlq = format!("{topic}{}", self.dlq_suffix);
+            if self.topics.contains(topic) && !valid_topic(&dlq) {
+                return bad(
+                    "dlq_suffix",
+                    &format!(
+                        "'{}' makes the dead-letter topic '{dlq}', which is not a valid Kafka \
+                         topic name (a-z A-Z 0-9 . _ -, at most 249)",
+                        self.dlq_suffix
+                    ),
+                    "use a short suffix of those characters, e.g. .dlq",
+                );
+            }
+        }
+        if self.dead_letter_max_bytes < 4096 {
+            return bad(
+                "dead_letter_max_bytes",
+                "must be at least 4096",
+                "the default is 900000",
+            );
+        }
+        if self.max_buffered_bytes < 1024 * 1024 {
+            return bad(
+                "max_buffered_bytes",
+                "must be at least 1 MiB",
+                "the default is 67108864 (64 MiB)",
+            );
+        }
+        if let Some((key, why)) = self.managed_client_key() {
+            return Err(ConfigError::new(
+                &format!("kafka.client.{key}"),
+                format!("`{key}` is managed by dedupq ({why})"),
+                "remove it from [kafka.client]",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's own rule for topic names.
+fn valid_topic(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn consuming() -> KafkaSettings {
+        KafkaSettings {
+            topics: vec!["payments".into()],
+            ..KafkaSettings::default()
+        }
+    }
+
+    #[test]
+    fn latest_is_refused_and_names_the_setting() {
+        let mut s = consuming();
+        assert!(s.validate().is_ok());
+        for value in ["latest", "largest", "end", "smallest", ""] {
+            s.auto_offset_reset = value.into();
+            let e = s.validate().unwrap_err();
+            assert_eq!(e.setting, "kafka.auto_offset_reset", "{value}");
+        }
+    }
+
+    #[test]
+    fn intervals_of_zero_are_refused() {
+        for set in [
+            |s: &mut KafkaSettings| s.commit_interval = Duration::ZERO,
+            |s: &mut KafkaSettings| s.stats_interval = Duration::ZERO,
+            |s: &mut KafkaSettings| s.session_timeout = Duration::ZERO,
+            |s: &mut KafkaSettings| s.produce_timeout = Duration::ZERO,
+        ] {
+            let mut s = consuming();
+            set(&mut s);
+            assert!(s.validate().is_err(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn every_managed_client_key_is_refused_with_what_it_protects() {
+        for (key, why) in MANAGED_CLIENT_KEYS {
+            let mut s = consuming();
+            s.client.insert(key.into(), "whatever".into());
+            let e = s.validate().unwrap_err();
+            assert_eq!(e.setting, format!("kafka.client.{key}"));
+            assert!(e.problem.contains(why), "{e}");
+        }
+        let mut s = consuming();
+        s.client
+            .insert("isolation.level".into(), "read_uncommitted".into());
+        assert!(s.validate().is_err());
     }
 }

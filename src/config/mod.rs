@@ -370,4 +370,12 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check::validate(self)
     }
+
+    /// What `dedupq run` needs beyond [`Settings::validate`]: its handler
+    /// is the built-in HTTP one, so `handler.url` must be set once a
+    /// transport is enabled. A library user bringing its own handler does
+    /// not call this.
+    pub fn validate_for_run(&self) -> Result<(), ConfigError> {
+        check::check_handler_url(self)
+    }
 }

@@ -109,7 +109,6 @@ async fn claim(
         })
         .collect();
     let n = rows.len();
-    inner.metrics.claim_batch_size.observe(n as f64);
     let timer = inner
         .metrics
         .store_duration

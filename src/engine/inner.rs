@@ -55,14 +55,21 @@ impl Inner {
             options.backoff,
             shutdown.clone(),
         );
-        let lanes = store.claim_lanes();
+        // Small groups: one statement running while the next gathers.
+        let lanes = store.claim_lanes().min(2);
         let claims = Claims {
             owner: options.owner.clone(),
             lease: options.lease,
         };
         Self {
-            claims: Group::new(claims, store.clone(), options.max_batch, lanes),
-            finishes: Group::new(Finishes, store.clone(), options.max_batch, lanes),
+            claims: Group::new(
+                claims,
+                store.clone(),
+                options.max_batch,
+                lanes,
+                Some(metrics.claim_batch_size.clone()),
+            ),
+            finishes: Group::new(Finishes, store.clone(), options.max_batch, lanes, None),
             permits: Semaphore::new(options.concurrency),
             gate: ProviderGate::new(
                 options.outage_after,

@@ -95,6 +95,11 @@ pub enum HttpHandlerError {
     Client(#[source] reqwest::Error),
 }
 
+/// Why an empty `handler.url` stops start-up, and the fix.
+pub(crate) const NO_URL: &str = "is not set: payments would have nowhere to go; set \
+    handler.url (or handler.url_file) to the provider's charge endpoint, e.g. \
+    https://psp.example/v1/charges (the bundled simulator: http://127.0.0.1:8081/charges)";
+
 fn config(setting: &'static str, problem: impl Into<String>) -> HttpHandlerError {
     HttpHandlerError::Config {
         setting,
@@ -117,6 +122,9 @@ impl HttpHandler {
     /// values, TLS files) and builds the client. Redirects are never
     /// followed.
     pub fn new(s: &HandlerSettings) -> Result<Self, HttpHandlerError> {
+        if s.url.is_empty() {
+            return Err(config("url", NO_URL));
+        }
         let url = parse_url("url", &s.url)?;
         let routes = s
             .routes
@@ -420,7 +428,11 @@ mod tests {
     }
 
     fn kind_with(uncertain: bool, code: u16, retry_after: Option<Duration>) -> &'static str {
-        let h = HttpHandler::new(&HandlerSettings::default()).unwrap();
+        let settings = HandlerSettings {
+            url: "http://127.0.0.1:9/charges".into(),
+            ..HandlerSettings::default()
+        };
+        let h = HttpHandler::new(&settings).unwrap();
         let result = HandlerResult {
             status: i32::from(code),
             body: b"{}".to_vec(),

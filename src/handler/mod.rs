@@ -278,11 +278,32 @@ use std::sync::Arc;
 pub async fn from_settings(
     settings: &HandlerSettings,
 ) -> Result<Arc<dyn Handler>, HttpHandlerError> {
+    if settings.url.is_empty() {
+        // Only where nothing consumes payments (`Settings::validate_for_run`
+        // refuses a transport without handler.url): an upkeep-only replica.
+        return Ok(Arc::new(Unset));
+    }
     match settings.kind {
         HandlerKind::Http | HandlerKind::Payment => {
             let handler = HttpHandler::new(settings)?;
             handler.check_lookup().await?;
             Ok(Arc::new(handler))
+        }
+    }
+}
+
+/// The handler of a process that consumes nothing (no `handler.url`, no
+/// transport): never called; were it called, nothing happened and the key
+/// is left free.
+struct Unset;
+
+#[async_trait]
+impl Handler for Unset {
+    async fn handle(&self, _call: &HandlerCall<'_>) -> HandlerOutcome {
+        HandlerOutcome::Transient {
+            status: None,
+            error: format!("handler.url {}", http::NO_URL),
+            retry_after: None,
         }
     }
 }

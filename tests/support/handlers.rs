@@ -26,6 +26,8 @@ pub struct Recording {
     pub jitter: Duration,
     calls: Mutex<Vec<Call>>,
     script: Mutex<VecDeque<HandlerOutcome>>,
+    /// The derived key the script plays for (every key when None).
+    script_for: Option<String>,
 }
 
 impl Recording {
@@ -50,6 +52,15 @@ impl Recording {
         }
     }
 
+    /// A script played for the calls of one derived key only; other keys
+    /// succeed.
+    pub fn scripted_for(derived_key: &str, outcomes: Vec<HandlerOutcome>) -> Self {
+        Self {
+            script_for: Some(derived_key.to_string()),
+            ..Self::scripted(outcomes)
+        }
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -71,8 +82,14 @@ impl Handler for Recording {
         });
         let jitter = self.jitter.mul_f64(rand::random::<f64>());
         tokio::time::sleep(self.delay + jitter).await;
-        if let Some(next) = self.script.lock().unwrap().pop_front() {
-            return next;
+        let scripted = self
+            .script_for
+            .as_ref()
+            .is_none_or(|k| k == call.derived_key);
+        if scripted {
+            if let Some(next) = self.script.lock().unwrap().pop_front() {
+                return next;
+            }
         }
         let charged = call.json::<serde_json::Value>().unwrap_or_default();
         HandlerOutcome::Success(HandlerResult::json(

@@ -233,6 +233,16 @@ impl Dedupq {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `sig` (as `kill` spells it: `-STOP`, `-HUP`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("running").to_string();
+        let sent = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill {sig} {pid}");
+    }
+
     /// SIGKILL, and reap the process.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -29,10 +29,11 @@ pub(super) async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Res
     let clients = job.case.partitions.max(1) as usize;
     let handler = Arc::new(FastHandler::default());
     let stop = CancellationToken::new();
-    let addr = if dedupq {
-        serve_dedupq(job, base, handler.clone(), stop.clone()).await?
+    let (addr, metrics) = if dedupq {
+        let (addr, metrics) = serve_dedupq(job, base, handler.clone(), stop.clone()).await?;
+        (addr, Some(metrics))
     } else {
-        serve_direct(handler.clone(), stop.clone()).await?
+        (serve_direct(handler.clone(), stop.clone()).await?, None)
     };
     let url = format!("http://{addr}/v1/bench");
     // One request per client first: connections open, pools warm.
@@ -50,10 +51,14 @@ pub(super) async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Res
         seconds,
         latency: percentiles(latencies),
         peak_rss_kb: peak_rss_kb(),
-        notes: vec![
-            format!("{clients} concurrent clients; handler calls {calls}; latency = one request's round trip"),
-            usage(),
-        ],
+        notes: [
+            Some(format!("{clients} concurrent clients; handler calls {calls}; latency = one request's round trip")),
+            metrics.map(|m| super::service::breakdown(&m, calls)),
+            Some(usage()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     })
 }
 
@@ -63,7 +68,7 @@ async fn serve_dedupq(
     base: &Settings,
     handler: Arc<FastHandler>,
     stop: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<(SocketAddr, dedupq::metrics::Metrics)> {
     let keys = job.log_path.with_extension("keys.toml");
     std::fs::write(&keys, format!("\"{API_KEY}\" = \"bench\"\n"))?;
     let mut s = base.clone();
@@ -78,13 +83,14 @@ async fn serve_dedupq(
     let addr = s.api.listen;
     let app = Application::build_with_handler(s, handler).await?;
     let token = app.shutdown_token();
+    let metrics = app.metrics().clone();
     tokio::spawn(async move {
         stop.cancelled().await;
         token.cancel();
     });
     tokio::spawn(app.run_until_stopped());
     wait_listening(addr).await?;
-    Ok(addr)
+    Ok((addr, metrics))
 }
 
 /// The same handler behind a bare route: parse the JSON body, call it,

@@ -94,9 +94,15 @@ impl Plan {
         cases.extend([
             case("e dedupq amqp".into(), Kind::DedupqAmqp, 1, 100_000),
             case("e raw amqp".into(), Kind::RawAmqp, 1, 100_000),
-            // 100 concurrent HTTP clients; p50/p99 are per request at full load.
+            // Concurrent HTTP clients (1, 100, 1000 keep-alive connections);
+            // p50/p99 are per request at full load. Each sync row beside the
+            // same load on a plain route with the same instant handler.
+            case("h http sync 1c".into(), Kind::HttpSync, 1, 3_000),
+            case("h http direct 1c".into(), Kind::HttpDirect, 1, 3_000),
             case("h http sync 100c".into(), Kind::HttpSync, 100, 20_000),
             case("h http direct 100c".into(), Kind::HttpDirect, 100, 20_000),
+            case("h http sync 1000c".into(), Kind::HttpSync, 1000, 30_000),
+            case("h http direct 1000c".into(), Kind::HttpDirect, 1000, 30_000),
         ]);
         Self { quick, cases }
     }

@@ -147,7 +147,7 @@ fn decided(metrics: &Metrics) -> u64 {
 
 /// Where the time went, from the service's own metrics: statements, their
 /// mean and the histogram bucket their 99th percentile falls in.
-fn breakdown(metrics: &Metrics, handler_calls: usize) -> String {
+pub(super) fn breakdown(metrics: &Metrics, handler_calls: usize) -> String {
     let stats = |statement: &str| {
         let h = metrics.store_duration.with_label_values(&[statement]);
         let n = h.get_sample_count();

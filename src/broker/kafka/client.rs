@@ -3,18 +3,16 @@
 //! applied to each client after dedupq's own settings and wins over them,
 //! except the keys the offset guarantee depends on.
 
+use crate::config::kafka::MANAGED_CLIENT_KEYS;
 use crate::config::KafkaSettings;
 use rdkafka::ClientConfig;
 use std::time::Duration;
 
-/// Passthrough keys that would break "commit only after the outcome is
-/// stored": refused at the consumer's start-up, and never passed to any
-/// client (producers would only warn about them).
-const PROTECTED: [&str; 2] = ["enable.auto.commit", "enable.auto.offset.store"];
-
-/// The first `[kafka.client]` key that dedupq manages itself, if any.
-pub fn protected_key(s: &KafkaSettings) -> Option<&'static str> {
-    PROTECTED.into_iter().find(|k| s.client.contains_key(*k))
+/// Whether `[kafka.client]`'s `key` is one dedupq manages itself
+/// (`config::kafka::MANAGED_CLIENT_KEYS`): refused when the settings are
+/// loaded, and never passed to any client.
+fn managed(key: &str) -> bool {
+    MANAGED_CLIENT_KEYS.iter().any(|(k, _)| *k == key)
 }
 
 fn millis(d: Duration) -> String {
@@ -24,7 +22,7 @@ fn millis(d: Duration) -> String {
 /// `[kafka.client]`, without the keys dedupq manages.
 fn passthrough(c: &mut ClientConfig, s: &KafkaSettings) {
     for (k, v) in &s.client {
-        if !PROTECTED.contains(&k.as_str()) {
+        if !managed(k) {
             c.set(k, v);
         }
     }
@@ -163,10 +161,16 @@ mod tests {
         let mut s = KafkaSettings::default();
         s.client.insert("session.timeout.ms".into(), "45000".into());
         s.client.insert("enable.auto.commit".into(), "true".into());
+        s.client
+            .insert("isolation.level".into(), "read_uncommitted".into());
         let c = consumer(&s);
         assert_eq!(c.get("session.timeout.ms"), Some("45000"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
-        assert_eq!(protected_key(&s), Some("enable.auto.commit"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(
+            s.managed_client_key().map(|(k, _)| k),
+            Some("enable.auto.commit")
+        );
         let p = producer(&s, Producing::Api);
         assert_eq!(p.get("enable.auto.commit"), None);
         assert_eq!(reader(&s, "g").get("enable.auto.commit"), Some("false"));

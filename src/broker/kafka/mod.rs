@@ -5,4 +5,4 @@
 mod client;
 pub mod headers;
 
-pub use client::{admin, client, consumer, producer, protected_key, reader, Producing};
+pub use client::{admin, client, consumer, producer, reader, Producing};

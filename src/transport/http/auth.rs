@@ -3,6 +3,7 @@
 //! header a trusted gateway in front of dedupq sets.
 
 use super::problem::Problem;
+use super::reload::FileBacked;
 use crate::config::{ApiSettings, ConfigError};
 use crate::identity::Tenant;
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
@@ -22,7 +23,9 @@ pub(super) struct ApiKey {
 }
 
 pub(super) enum Callers {
-    Keys(Vec<ApiKey>),
+    /// `api.keys_file`, read again when it changes (rotation without a
+    /// restart).
+    Keys(FileBacked<Vec<ApiKey>>),
     Gateway(HeaderName),
     /// Only webhook routes: their signature authenticates them.
     Nobody,
@@ -53,7 +56,9 @@ impl From<AuthError> for Problem {
 impl Callers {
     pub(super) fn load(api: &ApiSettings) -> Result<Self, ConfigError> {
         match (&api.keys_file, &api.tenant_header) {
-            (Some(path), _) => read_keys(path).map(Callers::Keys),
+            (Some(path), _) => {
+                FileBacked::load("api.keys_file", path, parse_keys).map(Callers::Keys)
+            }
             (None, Some(name)) => HeaderName::from_bytes(name.as_bytes())
                 .map(Callers::Gateway)
                 .map_err(|_| {
@@ -67,15 +72,23 @@ impl Callers {
         }
     }
 
+    /// Reads `api.keys_file` again if it changed (see `reload`).
+    pub(super) fn reload_logged(&self) {
+        if let Callers::Keys(file) = self {
+            file.reload_logged();
+        }
+    }
+
     pub(super) fn tenant(&self, headers: &HeaderMap) -> Result<Tenant, AuthError> {
         match self {
-            Callers::Keys(keys) => {
+            Callers::Keys(file) => {
+                let keys = file.get();
                 let presented = bearer(headers).ok_or(AuthError::Missing)?;
                 let digest = Sha256::digest(presented.as_bytes());
                 // Every entry is compared, so the time taken does not tell
                 // which one matched.
                 let mut found = None;
-                for key in keys {
+                for key in keys.iter() {
                     if bool::from(key.digest.ct_eq(digest.as_slice())) {
                         found = Some(&key.tenant);
                     }
@@ -107,7 +120,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The keys file: a TOML table of `"<api key>" = "<tenant>"`. Errors name
 /// the line, never the content (it is a secret).
-fn read_keys(path: &Path) -> Result<Vec<ApiKey>, ConfigError> {
+fn parse_keys(path: &Path, text: &str) -> Result<Vec<ApiKey>, ConfigError> {
     let bad = |problem: String| {
         ConfigError::new(
             "api.keys_file",
@@ -115,9 +128,7 @@ fn read_keys(path: &Path) -> Result<Vec<ApiKey>, ConfigError> {
             "write one \"<api key>\" = \"<tenant>\" per line (TOML)",
         )
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
-    let table: BTreeMap<String, String> = toml::from_str(&text).map_err(|e| {
+    let table: BTreeMap<String, String> = toml::from_str(text).map_err(|e| {
         let line = e
             .span()
             .map(|s| text[..s.start].matches('\n').count() + 1)
@@ -157,16 +168,15 @@ mod tests {
     use axum::http::HeaderValue;
 
     fn keys() -> Callers {
-        Callers::Keys(vec![
-            ApiKey {
-                digest: Sha256::digest(b"sk_test_acme_0123456789").into(),
-                tenant: Tenant::parse(b"acme").unwrap(),
-            },
-            ApiKey {
-                digest: Sha256::digest(b"sk_test_globex_0123456789").into(),
-                tenant: Tenant::parse(b"globex").unwrap(),
-            },
-        ])
+        let dir = std::env::temp_dir().join(format!("dedupq-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("keys-{:?}.toml", std::thread::current().id()));
+        std::fs::write(
+            &path,
+            "\"sk_test_acme_0123456789\" = \"acme\"\n\"sk_test_globex_0123456789\" = \"globex\"\n",
+        )
+        .unwrap();
+        Callers::Keys(FileBacked::load("api.keys_file", &path, parse_keys).unwrap())
     }
 
     fn with_auth(value: &'static str) -> HeaderMap {

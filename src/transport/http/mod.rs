@@ -12,6 +12,7 @@ mod key;
 mod post;
 mod problem;
 mod publish;
+mod reload;
 mod route;
 mod serve;
 mod service;

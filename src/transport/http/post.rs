@@ -40,6 +40,19 @@ pub(super) struct ApiState {
     pub passed: Vec<HeaderName>,
 }
 
+impl ApiState {
+    /// Reads the API keys file and the webhook secret files again where
+    /// they changed; one that cannot be used keeps the credentials it held.
+    pub(super) fn reload_credentials(&self) {
+        self.callers.reload_logged();
+        for route in self.routes.values() {
+            if let Some(hook) = &route.webhook {
+                hook.reload_logged();
+            }
+        }
+    }
+}
+
 /// The headers of a request that reach the handler: the trace context and
 /// what `handler.pass_headers` names, except the ones that name the
 /// payment (those come from the authenticated caller and the route).

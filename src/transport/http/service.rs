@@ -1,7 +1,7 @@
 //! The API as one service: built from the settings (keys, secrets, broker
 //! clients, the bound listener), then served until shutdown.
 
-use super::{answer, auth, decide, post, publish, route, serve};
+use super::{answer, auth, decide, post, publish, reload, route, serve};
 use crate::config::{ConfigError, Settings};
 use crate::engine::Pipeline;
 use crate::store::Store;
@@ -46,6 +46,7 @@ pub struct Api {
     router: Router,
     limits: serve::Limits,
     tasks: TaskTracker,
+    state: Arc<post::ApiState>,
 }
 
 impl Api {
@@ -80,7 +81,7 @@ impl Api {
                 post(post_route).fallback(|| async { answer::method_not_allowed() }),
             )
             .fallback(|uri: Uri| async move { answer::no_route(uri.path()) })
-            .with_state(shared);
+            .with_state(shared.clone());
         let listener = TcpListener::bind(api.listen)
             .await
             .map_err(|source| ApiError::Bind {
@@ -99,6 +100,7 @@ impl Api {
             router,
             limits,
             tasks,
+            state: shared,
         })
     }
 
@@ -109,8 +111,14 @@ impl Api {
     }
 
     /// Serves until `shutdown`, then lets in-flight requests and handlers
-    /// finish within `api.shutdown_timeout`.
+    /// finish within `api.shutdown_timeout`. The API keys file and the
+    /// webhook secret files are read again when they change and on SIGHUP.
     pub async fn serve(self, shutdown: CancellationToken) {
+        let state = self.state;
+        tokio::spawn(reload::watch(
+            move || state.reload_credentials(),
+            shutdown.clone(),
+        ));
         serve::serve(
             self.listener,
             self.router,

@@ -3,12 +3,14 @@
 //! compared in constant time.
 
 use super::problem::Problem;
+use super::reload::FileBacked;
 use crate::config::{ConfigError, RouteSettings, WebhookKind};
 use crate::identity::Tenant;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -17,8 +19,9 @@ type HmacSha256 = Hmac<Sha256>;
 pub(super) struct Webhook {
     kind: WebhookKind,
     header: HeaderName,
-    /// Several while a secret is being rotated: any one may sign.
-    secrets: Vec<Vec<u8>>,
+    /// Several while a secret is being rotated: any one may sign. Read
+    /// again when the file changes.
+    secrets: FileBacked<Vec<Vec<u8>>>,
     tolerance: Duration,
     tenant: Tenant,
 }
@@ -69,26 +72,10 @@ impl Webhook {
                 "point it at the secret",
             )
         })?;
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new(
-                &setting("secret_file"),
-                format!("cannot read {}: {e}", path.display()),
-                "make the file readable by dedupq",
-            )
+        let secrets = FileBacked::load(&setting("secret_file"), path, {
+            let setting = setting("secret_file");
+            move |path, text| parse_secrets(&setting, path, text)
         })?;
-        let secrets: Vec<Vec<u8>> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(|l| l.as_bytes().to_vec())
-            .collect();
-        if secrets.is_empty() {
-            return Err(ConfigError::new(
-                &setting("secret_file"),
-                format!("{} is empty", path.display()),
-                "write the sender's signing secret into it",
-            ));
-        }
         let tenant = r.tenant.as_deref().unwrap_or_default();
         let tenant = Tenant::parse(tenant.as_bytes()).map_err(|e| {
             ConfigError::new(
@@ -116,6 +103,11 @@ impl Webhook {
             tolerance: r.tolerance,
             tenant,
         })
+    }
+
+    /// Reads the secret file again if it changed (see `reload`).
+    pub(super) fn reload_logged(&self) {
+        self.secrets.reload_logged();
     }
 
     /// Checks the signature of `body`; on success the sender's tenant.
@@ -193,7 +185,7 @@ impl Webhook {
 
     /// Whether any secret's HMAC over `parts` equals any of `macs`.
     fn check(&self, macs: &[Vec<u8>], parts: &[&[u8]]) -> Result<(), SignatureError> {
-        for secret in &self.secrets {
+        for secret in self.secrets.get().iter() {
             let Ok(mut mac) = HmacSha256::new_from_slice(secret) else {
                 continue;
             };
@@ -219,6 +211,24 @@ fn from_hex(text: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// One secret per non-empty line.
+fn parse_secrets(setting: &str, path: &Path, text: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
+    let secrets: Vec<Vec<u8>> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    if secrets.is_empty() {
+        return Err(ConfigError::new(
+            setting,
+            format!("{} is empty", path.display()),
+            "write the sender's signing secret into it",
+        ));
+    }
+    Ok(secrets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,10 +243,23 @@ mod tests {
                 WebhookKind::Shopify => HeaderName::from_static("x-shopify-hmac-sha256"),
                 WebhookKind::Hmac => HeaderName::from_static("x-signature"),
             },
-            secrets: vec![b"other-secret".to_vec(), secret.as_bytes().to_vec()],
+            secrets: secrets_file(&["other-secret", secret]),
             tolerance: Duration::from_secs(300),
             tenant: Tenant::parse(b"acme").unwrap(),
         }
+    }
+
+    fn secrets_file(lines: &[&str]) -> FileBacked<Vec<Vec<u8>>> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static FILES: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!("dedupq-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(FILES.fetch_add(1, Ordering::Relaxed).to_string());
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        FileBacked::load("secret_file", &path, |p, t| {
+            parse_secrets("secret_file", p, t)
+        })
+        .unwrap()
     }
 
     fn headers(name: &'static str, value: &str) -> HeaderMap {

@@ -15,6 +15,10 @@ pub enum KafkaError {
         /// What is wrong, and how to fix it.
         problem: String,
     },
+    /// A `[kafka]` setting fails the checks of `KafkaSettings::validate`
+    /// (settings built in code; loaded ones were checked at load).
+    #[error(transparent)]
+    Settings(crate::config::ConfigError),
     /// librdkafka refused the client configuration (consumer, producer or
     /// admin client).
     #[error("creating the Kafka client failed")]

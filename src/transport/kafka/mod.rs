@@ -4,7 +4,6 @@
 
 mod admin;
 mod apply;
-mod checks;
 mod consumer;
 mod context;
 mod dead_letter;
@@ -44,7 +43,7 @@ pub async fn run(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), KafkaError> {
-    checks::validate(&settings)?;
+    settings.validate().map_err(KafkaError::Settings)?;
     admin::ensure_produced_topics(&settings).await?;
     let ledger = Arc::new(Ledger::default());
     let metrics = pipeline.metrics().clone();

@@ -9,17 +9,7 @@ use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
 use dedupq_provider::Knobs;
-use std::process::Command;
 use std::time::Duration;
-
-fn signal(dedupq: &Dedupq, sig: &str) {
-    let pid = dedupq.pid().expect("running").to_string();
-    let sent = Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .expect("run kill");
-    assert!(sent.success(), "kill {sig} {pid}");
-}
 
 fn worker(base: &toml::Table, topic: &str, group: &str, owner: &str) -> toml::Table {
     let mut config = with_kafka(base, topic, group);
@@ -64,12 +54,12 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
         (provider.stats().await.charges >= 1).then_some(())
     })
     .await;
-    signal(&a, "-STOP");
+    a.signal("-STOP");
     let mut b = Dedupq::start(&worker(&base, &topic, &group, "worker-b")).await;
     // b gets the partition once a misses its session (6 s), past a's lease.
     kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(90)).await;
     let resumed_at = chrono::Utc::now();
-    signal(&a, "-CONT");
+    a.signal("-CONT");
     eventually(
         Duration::from_secs(20),
         "the resumed worker's late writes fenced and counted",

@@ -8,6 +8,7 @@ mod amqp_tls;
 mod architecture;
 mod kafka_sasl;
 mod manifests;
+mod payment_safe;
 mod pg_tls;
 mod probes;
 mod readme_examples;

@@ -140,15 +140,28 @@ impl App {
         key: Option<&str>,
         body: &str,
     ) -> Reply {
-        let mut request = client().post(self.url(route)).body(body.to_string());
-        request = request.header("content-type", "application/json");
-        if let Some(k) = api_key {
-            request = request.bearer_auth(k);
-        }
-        if let Some(k) = key {
-            request = request.header("Idempotency-Key", k);
-        }
-        Reply::from(request.send().await.expect("the API answers")).await
+        let send = || {
+            let mut request = client().post(self.url(route)).body(body.to_string());
+            request = request.header("content-type", "application/json");
+            if let Some(k) = api_key {
+                request = request.bearer_auth(k);
+            }
+            if let Some(k) = key {
+                request = request.header("Idempotency-Key", k);
+            }
+            request.send()
+        };
+        let sent = match send().await {
+            // A connection that closed before any answer (on a machine
+            // too busy to read the request in time): the client does what
+            // the README tells clients to do, and sends the same key again.
+            Err(e) if key.is_some() && e.is_request() && !e.is_timeout() => {
+                eprintln!("no answer ({e:?}); sending the same key again");
+                send().await
+            }
+            sent => sent,
+        };
+        Reply::from(sent.expect("the API answers")).await
     }
 
     /// Deliveries of this outcome on this transport, counted by the engine.

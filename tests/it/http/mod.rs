@@ -13,6 +13,7 @@ mod forwarded;
 mod key_routes;
 mod read_only;
 mod requests;
+mod rotation;
 mod row_lock;
 mod seed;
 mod shutdown;

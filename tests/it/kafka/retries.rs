@@ -81,7 +81,12 @@ async fn a_transient_failure_is_retried_in_place_before_later_messages_of_its_pa
         error: "provider unavailable".into(),
         retry_after: None,
     };
-    let handler = Arc::new(Recording::scripted(vec![transient(), transient()]));
+    // The failures are the first message's: the second may run while the
+    // first waits for its retry, and must not take one of them.
+    let handler = Arc::new(Recording::scripted_for(
+        "t1:first",
+        vec![transient(), transient()],
+    ));
     let producer = kafka::producer();
     produce(&producer, &topic, 0, &headers(TENANT, "first"), &body(1)).await;
     let running = Running::start(

@@ -34,6 +34,7 @@ async fn week_long_topic() -> String {
 fn kafka_config(store: &StoreSettings, topic: &str, allow: bool) -> toml::Table {
     let text = format!(
         "{store}[kafka]\ntopics = [\"{topic}\"]\nbrokers = \"{brokers}\"\ngroup_id = \"{group}\"\n\
+         [handler]\nurl = \"http://127.0.0.1:9/charges\"\n\
          [retention]\nkeep = \"24h\"\nallow_shorter_than_topics = {allow}\n",
         store = store_section(store),
         brokers = kafka::brokers(),

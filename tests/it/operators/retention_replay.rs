@@ -51,7 +51,7 @@ fn process_config(store: &StoreSettings, topic: &str, keep: &str) -> toml::Table
         "[store]\nurl = \"{url}\"\nschema = \"{schema}\"\nmax_connections = 2\n\
          [kafka]\ntopics = [\"{topic}\"]\nbrokers = \"{brokers}\"\ngroup_id = \"{group}\"\n\
          create_topics = true\n\
-         [handler]\nretry_for = \"10m\"\n\
+         [handler]\nretry_for = \"10m\"\nurl = \"http://127.0.0.1:9/charges\"\n\
          [retention]\nkeep = \"{keep}\"\nredelivery_horizon = \"10m\"\n",
         url = store.url.expose(),
         schema = store.schema.as_deref().unwrap(),
