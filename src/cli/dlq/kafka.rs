@@ -1,8 +1,11 @@
 //! Kafka dead letters: read `<topic><kafka.dlq_suffix>` from its low to its
 //! high watermark with a reader that never commits (the DLQ stays as it
 //! is), and replay to the source topic. Kafka topics are append-only, so a
-//! replayed record stays in the DLQ; `--since` keeps a later replay from
-//! repeating it.
+//! replayed record stays in the DLQ, and a replayed message that fails
+//! again is dead-lettered again beside it: a replay publishes each message
+//! once, skipping the later dead letters of the same message (its copies
+//! from earlier replays), so a poison never multiplies. `--since` keeps a
+//! later replay from repeating earlier ones at all.
 
 use super::record::{self, DeadLetter, Filter, IdentityHeaders};
 use super::DlqError;
@@ -167,9 +170,66 @@ fn letter(m: &rdkafka::message::BorrowedMessage<'_>, names: &Names<'_>) -> Kafka
     }
 }
 
-/// Publishes each letter to its source topic and partition with the
-/// original key, payload and headers (the `dedupq-*` ones dropped), and
-/// records what happened on the letter.
+impl KafkaLetter {
+    /// The headers the message had, without the ones dedupq added.
+    fn original_headers(&self) -> Vec<Header> {
+        self.headers
+            .iter()
+            .filter(|h| !h.name.starts_with(record::DIAGNOSTIC_PREFIX.as_bytes()))
+            .cloned()
+            .collect()
+    }
+
+    /// What a replay would publish: the topic, partition, key, payload and
+    /// original headers, as one digest.
+    fn message_digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut part = |bytes: Option<&[u8]>| match bytes {
+            Some(b) => {
+                h.update([1]);
+                h.update((b.len() as u64).to_be_bytes());
+                h.update(b);
+            }
+            None => h.update([0]),
+        };
+        part(self.letter.source.as_deref().map(str::as_bytes));
+        let partition = self.source_partition.map(i32::to_be_bytes);
+        part(partition.as_ref().map(|p| p.as_slice()));
+        part(self.key.as_deref());
+        part(self.payload.as_deref());
+        for header in self.original_headers() {
+            part(Some(&header.name));
+            part(header.value.as_deref());
+        }
+        h.finalize().into()
+    }
+}
+
+/// Marks every letter that holds the same message as an earlier one (the
+/// dead letter of an earlier replay's copy, or the same message sent and
+/// refused twice): a replay publishes one of them. The marked ones say
+/// which letter is replayed instead.
+pub(super) fn skip_repeats(letters: &mut [KafkaLetter]) {
+    let mut first: std::collections::HashMap<[u8; 32], String> = Default::default();
+    for l in letters.iter_mut() {
+        match first.entry(l.message_digest()) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(l.letter.location.clone());
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                l.letter.replay = Some(format!(
+                    "skipped: the same message as {} (a copy from an earlier replay), which is replayed",
+                    o.get()
+                ));
+            }
+        }
+    }
+}
+
+/// Publishes each letter not marked by [`skip_repeats`] to its source
+/// topic and partition with the original key, payload and headers (the
+/// `dedupq-*` ones dropped), and records what happened on the letter.
 pub(super) async fn replay(
     settings: &KafkaSettings,
     letters: &mut [KafkaLetter],
@@ -177,14 +237,9 @@ pub(super) async fn replay(
     // Acknowledged by every in-sync replica, never duplicated by a retry,
     // and each record bounded by kafka.produce_timeout.
     let producer: FutureProducer = kafka::producer(settings, Producing::Replay).create()?;
-    for l in letters.iter_mut() {
+    for l in letters.iter_mut().filter(|l| l.letter.replay.is_none()) {
         let topic = l.letter.source.clone().unwrap_or_default();
-        let original: Vec<Header> = l
-            .headers
-            .iter()
-            .filter(|h| !h.name.starts_with(record::DIAGNOSTIC_PREFIX.as_bytes()))
-            .cloned()
-            .collect();
+        let original = l.original_headers();
         let mut rec: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&topic).headers(headers::owned(&original));
         if let Some(k) = &l.key {
@@ -206,7 +261,7 @@ pub(super) async fn replay(
 
 /// What a dry run says for each letter.
 pub(super) fn plan(letters: &mut [KafkaLetter]) {
-    for l in letters {
+    for l in letters.iter_mut().filter(|l| l.letter.replay.is_none()) {
         let to = l.letter.source.as_deref().unwrap_or("-");
         l.letter.replay = Some(match l.source_partition {
             Some(p) => format!("would replay to {to}[{p}]"),

@@ -58,6 +58,9 @@ pub async fn run_dlq(
             }
             let mut letters =
                 kafka::read(&settings.kafka, topics, identity, filter, args.limit).await?;
+            if replay {
+                kafka::skip_repeats(&mut letters);
+            }
             match (replay, execute) {
                 (true, true) => kafka::replay(&settings.kafka, &mut letters).await?,
                 (true, false) => kafka::plan(&mut letters),
@@ -82,7 +85,13 @@ pub async fn run_dlq(
         writeln!(
             std::io::stderr(),
             "dry run: {} dead letters would be replayed; add --execute to publish them",
-            letters.len()
+            letters
+                .iter()
+                .filter(|l| l
+                    .replay
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("would replay")))
+                .count()
         )?;
     }
     Ok(())

@@ -187,3 +187,67 @@ async fn kafka_dead_letters_are_listed_filtered_and_replayed_with_their_original
     );
     assert_eq!(headers(replayed), poison);
 }
+
+/// The `replay` field of each line of a `dlq replay` run.
+fn outcomes(lines: &[serde_json::Value]) -> Vec<String> {
+    let mut r: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let replay = l["replay"].as_str().unwrap_or("-");
+            replay.split(' ').take(2).collect::<Vec<_>>().join(" ")
+        })
+        .collect();
+    r.sort();
+    r
+}
+
+#[tokio::test]
+async fn a_poison_that_fails_again_after_each_replay_is_published_once_per_replay() {
+    let (topic, dlq) = kafka::topics("dlqtwice", 1).await;
+    let (store, _) = support::isolated_store().await;
+    let engine = support::engine(
+        &store,
+        Arc::new(Recording::default()),
+        support::fast_options(),
+    );
+    let group = support::unique("g");
+    let running = kafka::Running::start(kafka::settings(&topic, &group), engine);
+    let producer = kafka::producer();
+    kafka::produce(
+        &producer,
+        &topic,
+        0,
+        &kafka::headers("acme", "poison"),
+        b"not json {",
+    )
+    .await;
+    kafka::read(&dlq, 1, 1, Duration::from_secs(30)).await;
+    let config = config(&topic);
+
+    // Each replay publishes the poison once; it fails again and is
+    // dead-lettered again beside the earlier letters.
+    for (round, letters) in [(1, 1), (2, 2), (3, 3)] {
+        let end_before = kafka::end_offsets(&topic, 1).await[0];
+        let done = cli::run(&config, &["dlq", "replay", "kafka", "--execute"], &[]).json_lines();
+        assert_eq!(done.len(), letters, "round {round}: {done:?}");
+        let mut expected = vec!["replayed to".to_string()];
+        expected.extend(std::iter::repeat_n("skipped: the".to_string(), letters - 1));
+        expected.sort();
+        assert_eq!(outcomes(&done), expected, "round {round}: {done:?}");
+        assert_eq!(
+            kafka::end_offsets(&topic, 1).await[0],
+            end_before + 1,
+            "round {round}: one record published, not one per earlier copy"
+        );
+        kafka::read(&dlq, 1, letters + 1, Duration::from_secs(30)).await;
+    }
+    let dry = cli::run(&config, &["dlq", "replay", "kafka"], &[]);
+    assert_eq!(dry.json_lines().len(), 4);
+    assert!(
+        dry.stderr
+            .contains("dry run: 1 dead letters would be replayed"),
+        "{}",
+        dry.stderr
+    );
+    running.stop().await;
+}
