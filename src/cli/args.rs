@@ -65,6 +65,20 @@ pub enum KeysCommand {
         #[command(flatten)]
         output: OutputArg,
     },
+    /// Show the audit table: every release, settle, reset and purge, who
+    /// did it and why, newest first.
+    Audit {
+        /// Only this tenant's lines.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this key's lines.
+        #[arg(long)]
+        key: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[command(flatten)]
+        output: OutputArg,
+    },
     /// End an open key's lease now so the next delivery takes it over; writes an audit row.
     /// Refused while a worker holds a live lease, unless --force.
     Release {

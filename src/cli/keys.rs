@@ -4,7 +4,7 @@ use super::output::{self, cell, Format, Row};
 use super::{actor, KeysCommand};
 use crate::config::Settings;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
-use crate::store::{KeyFilter, KeyRow, KeyStatus, Released, Repaired, Settlement, Store};
+use crate::store::{AuditRow, KeyFilter, KeyRow, KeyStatus, Released, Repaired, Settlement, Store};
 use anyhow::{anyhow, bail, Context};
 use std::io::Write;
 use std::time::Duration;
@@ -45,6 +45,20 @@ impl Row for KeyRow {
     }
 }
 
+impl Row for AuditRow {
+    const COLUMNS: &'static [&'static str] = &["at", "tenant", "key", "action", "actor", "reason"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            cell(&self.tenant, 24),
+            cell(&self.key, 40),
+            cell(&self.action, 16),
+            cell(&self.actor, 24),
+            cell(&self.reason, 60),
+        ]
+    }
+}
+
 /// Runs one `keys` subcommand, writing its report to `out`.
 pub async fn run_keys(
     settings: &Settings,
@@ -76,6 +90,17 @@ pub async fn run_keys(
                 Tenant::parse(t.as_bytes()).context("--tenant")?;
             }
             let rows = store.list_keys(filter, tenant.as_deref(), limit).await?;
+            output::print(Format::choose(output.output), &rows, out)?;
+        }
+        KeysCommand::Audit {
+            tenant,
+            key,
+            limit,
+            output,
+        } => {
+            let rows = store
+                .audit_log(tenant.as_deref(), key.as_deref(), limit)
+                .await?;
             output::print(Format::choose(output.output), &rows, out)?;
         }
         KeysCommand::Release {

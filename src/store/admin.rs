@@ -14,6 +14,28 @@ pub(super) const COLUMNS: &str =
     result_content_type, derived_key, last_error, \
     created_at, updated_at, completed_at";
 
+/// One line of the audit table: a manual intervention on a key.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditRow {
+    /// The line's number, in the order written.
+    pub id: i64,
+    /// When it was written.
+    pub at: DateTime<Utc>,
+    /// The key's tenant.
+    pub tenant: String,
+    /// The key.
+    pub key: String,
+    /// What was done: `release`, `force_release`, `settle_done`,
+    /// `settle_failed`, `reset`, `purge`…
+    pub action: String,
+    /// Why, as the operator said.
+    pub reason: String,
+    /// Who did it.
+    pub actor: String,
+    /// The row as it was before (JSON), where there was one.
+    pub before: Option<Box<RawValue>>,
+}
+
 /// One key row as an operator sees it: what `dedupq keys show|list` print
 /// and what an audit line keeps as the row before an intervention.
 #[derive(Debug, Clone, Serialize)]
@@ -157,6 +179,46 @@ impl Store {
         }
         let rows = query.fetch_all(self.pool()).await?;
         rows.iter().map(KeyRow::from_row).collect()
+    }
+
+    /// The latest lines of the audit table (every manual intervention: a
+    /// release, settle, reset or purge), newest first, optionally of one
+    /// tenant or one key.
+    pub async fn audit_log(
+        &self,
+        tenant: Option<&str>,
+        key: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, at, tenant, key, action, reason, actor, before::text AS before \
+             FROM dedupq_key_audit \
+             WHERE (($2::text IS NULL) OR (tenant = $2)) AND (($3::text IS NULL) OR (key = $3)) \
+             ORDER BY id DESC LIMIT $1",
+        )
+        .bind(limit)
+        .bind(tenant)
+        .bind(key)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let before: Option<String> = r.try_get("before")?;
+                Ok(AuditRow {
+                    id: r.try_get("id")?,
+                    at: r.try_get("at")?,
+                    tenant: r.try_get("tenant")?,
+                    key: r.try_get("key")?,
+                    action: r.try_get("action")?,
+                    reason: r.try_get("reason")?,
+                    actor: r.try_get("actor")?,
+                    before: before
+                        .map(RawValue::from_string)
+                        .transpose()
+                        .map_err(|e| StoreError::Corrupt(format!("an audit line's row: {e}")))?,
+                })
+            })
+            .collect()
     }
 
     /// The number of `unknown` keys, read through the partial index of

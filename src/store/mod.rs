@@ -14,7 +14,7 @@ mod repair;
 mod schema;
 mod transactional;
 
-pub use admin::{KeyFilter, KeyRow};
+pub use admin::{AuditRow, KeyFilter, KeyRow};
 pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::{StoreError, STORE_ERROR_CLASSES};

@@ -90,6 +90,42 @@ async fn keys_show_list_release_and_purge_work_against_the_real_table() {
     );
     assert_eq!(audit.3["owner"], "crashed");
 
+    // `keys audit` shows the same line, as JSON and as a table.
+    let (code, out, err) = keys(
+        &settings,
+        &["audit", "--tenant", "acme", "--output", "json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert_eq!(
+        (
+            &lines[0]["key"],
+            &lines[0]["action"],
+            &lines[0]["reason"],
+            &lines[0]["actor"]
+        ),
+        (
+            &serde_json::json!("stuck"),
+            &serde_json::json!("release"),
+            &serde_json::json!("INC-42 worker gone"),
+            &serde_json::json!("oncall")
+        )
+    );
+    assert_eq!(lines[0]["before"]["owner"], "crashed");
+    let (code, table, _) = keys(&settings, &["audit", "--output", "table"]);
+    assert_eq!(code, 0);
+    assert!(table.starts_with("AT"), "{table}");
+    assert!(table.contains("INC-42 worker gone"), "{table}");
+    let (_, none, _) = keys(
+        &settings,
+        &["audit", "--tenant", "globex", "--output", "json"],
+    );
+    assert!(none.trim().is_empty(), "another tenant's lines: {none}");
+
     let (code, _, err) = keys(&settings, &["release", "acme", "paid", "--reason", "x"]);
     assert_ne!(code, 0, "a finished key cannot be released");
     assert!(err.contains("not open"), "{err}");
