@@ -1,4 +1,5 @@
-//! Logs and traces. Logs: readable text by default, JSON on request,
+//! Logs and traces. Logs: readable text by default, JSON on request (a
+//! line inside an exported span carries its `trace_id` and `span_id`),
 //! errors with their causes. Traces (`[telemetry]`, off by default): a span
 //! per batch and per message, continued from the message's W3C
 //! `traceparent` and sent on to the provider, exported over OTLP.
@@ -11,6 +12,7 @@ mod chain;
 mod export;
 mod propagation;
 pub mod spans;
+mod trace_ids;
 
 pub use chain::{chain, Chain};
 pub use export::ExportError;
@@ -66,7 +68,12 @@ pub fn init_with_traces(
         .with_ansi(std::io::stderr().is_terminal());
     let logs = match log.format {
         LogFormat::Text => logs.with_filter(logged).boxed(),
-        LogFormat::Json => logs.json().flatten_event(true).with_filter(logged).boxed(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .map_event_format(trace_ids::WithTraceIds)
+            .with_filter(logged)
+            .boxed(),
     };
     let traces = provider.as_ref().map(|p| {
         use opentelemetry::trace::TracerProvider as _;
