@@ -1,5 +1,6 @@
-//! One typed configuration tree: defaults, then a TOML file, then
-//! environment variables (`DEDUPQ__SECTION__FIELD`), then secrets from
+//! One typed configuration tree: defaults, then the standard `OTEL_…`
+//! variables (`[telemetry]` only), then a TOML file, then environment
+//! variables (`DEDUPQ__SECTION__FIELD`), then secrets from
 //! files (`*_file` settings). Validated at start-up; a bad value stops the
 //! process with the setting's name and the fix.
 
@@ -8,6 +9,7 @@ pub mod api;
 mod check;
 pub mod handler;
 pub mod kafka;
+mod otel_env;
 mod secret;
 mod sources;
 mod store;
@@ -254,12 +256,12 @@ impl Default for LogSettings {
 
 /// A setting that stops start-up: which one, what is wrong, how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid setting `{setting}` (env DEDUPQ__{env}): {problem}. Fix: {fix}")]
+#[error("invalid setting `{setting}` (env {env}): {problem}. Fix: {fix}")]
 pub struct ConfigError {
     /// The setting's dotted name, e.g. `engine.lease` (or `--config`).
     pub setting: String,
-    /// The variable that sets it, without the `DEDUPQ__` prefix, e.g.
-    /// `ENGINE__LEASE`.
+    /// The variable that sets it, e.g. `DEDUPQ__ENGINE__LEASE` or
+    /// `OTEL_SERVICE_NAME`.
     pub env: String,
     /// What is wrong with the value.
     pub problem: String,
@@ -272,9 +274,23 @@ impl ConfigError {
     pub fn new(setting: &str, problem: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             setting: setting.to_string(),
-            env: env_name(setting),
+            env: format!("DEDUPQ__{}", env_name(setting)),
             problem: problem.into(),
             fix: fix.into(),
+        }
+    }
+
+    /// An error about `setting` as the standard variable `variable` set
+    /// it (e.g. `OTEL_SERVICE_NAME`).
+    pub fn for_variable(
+        setting: &str,
+        variable: &str,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self {
+            env: variable.to_string(),
+            ..Self::new(setting, problem, fix)
         }
     }
 }
@@ -317,11 +333,18 @@ fn env_name(setting: &str) -> String {
     setting.replace('.', "__").to_uppercase()
 }
 
+/// The layers under the configuration file: the defaults, and over them
+/// what the standard OpenTelemetry variables (read through `otel`) set.
+fn layers(otel: otel_env::Lookup<'_>) -> Result<Figment, ConfigError> {
+    Ok(Figment::from(Serialized::defaults(Settings::default())).merge(otel_env::provider(otel)?))
+}
+
 impl Settings {
-    /// Defaults, then the TOML file (if given), then `DEDUPQ__…` variables,
-    /// then secret files; the result has passed [`Settings::validate`].
+    /// Defaults, then the `OTEL_…` variables, then the TOML file (if
+    /// given), then `DEDUPQ__…` variables, then secret files; the result
+    /// has passed [`Settings::validate`].
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        let mut figment = layers(&|name| std::env::var(name).ok())?;
         if let Some(path) = file {
             if !path.exists() {
                 return Err(ConfigError::new(

@@ -3,6 +3,7 @@
 
 use crate::config::{redact_url, ConfigError};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ pub struct TelemetrySettings {
     pub protocol: OtlpProtocol,
     /// `service.name` of every span.
     pub service_name: String,
+    /// `[telemetry.resource_attributes]`: more attributes of the resource
+    /// every span is exported with (e.g. `deployment.environment`); a
+    /// `service.name` here is overridden by `service_name`.
+    pub resource_attributes: BTreeMap<String, String>,
     /// Share of the traces started here that are kept (0.0..=1.0). A
     /// message whose `traceparent` says sampled (or not) is followed.
     pub sampling_ratio: f64,
@@ -49,6 +54,7 @@ impl Default for TelemetrySettings {
             endpoint: "http://127.0.0.1:4317".into(),
             protocol: OtlpProtocol::Grpc,
             service_name: "dedupq".into(),
+            resource_attributes: BTreeMap::new(),
             sampling_ratio: 1.0,
             export_timeout: Duration::from_secs(10),
             ca_file: None,
@@ -81,6 +87,13 @@ impl TelemetrySettings {
                 "telemetry.service_name",
                 "is empty",
                 "name the service as traces should show it, e.g. dedupq",
+            ));
+        }
+        if self.resource_attributes.keys().any(|k| k.trim().is_empty()) {
+            return Err(ConfigError::new(
+                "telemetry.resource_attributes",
+                "has an empty key",
+                "name each attribute, e.g. deployment.environment = \"prod\"",
             ));
         }
         if !(0.0..=1.0).contains(&self.sampling_ratio) {

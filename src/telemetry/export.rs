@@ -65,12 +65,17 @@ pub(super) fn tracer_provider(s: &TelemetrySettings) -> Result<SdkTracerProvider
             .build(),
     }
     .map_err(ExportError::Exporter)?;
+    let configured = s
+        .resource_attributes
+        .iter()
+        .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone()));
     let resource = Resource::builder()
-        .with_service_name(s.service_name.clone())
         .with_attribute(opentelemetry::KeyValue::new(
             "service.version",
             env!("CARGO_PKG_VERSION"),
         ))
+        .with_attributes(configured)
+        .with_service_name(s.service_name.clone())
         .build();
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)

@@ -33,6 +33,8 @@ pub struct Span {
     pub name: String,
     pub span_id: String,
     pub service: String,
+    /// The attributes of the resource it was exported with.
+    pub resource: BTreeMap<String, Value>,
     /// The span it is a child of (a CHILD_OF reference in its trace).
     pub parent: Option<String>,
     /// The spans it links (FOLLOWS_FROM references).
@@ -199,6 +201,7 @@ fn parse(trace: &Value) -> Option<Trace> {
             .filter_map(|t| Some((t["key"].as_str()?.to_string(), t["value"].clone())))
             .collect()
     };
+    let process = |s: &Value| &trace["processes"][s["processID"].as_str().unwrap_or_default()];
     let spans = trace["spans"]
         .as_array()?
         .iter()
@@ -209,6 +212,7 @@ fn parse(trace: &Value) -> Option<Trace> {
                 .get(s["processID"].as_str().unwrap_or_default())
                 .unwrap_or(&"")
                 .to_string(),
+            resource: fields(&process(s)["tags"]),
             parent: references(s, "CHILD_OF").into_iter().next(),
             links: references(s, "FOLLOWS_FROM"),
             tags: fields(&s["tags"]),

@@ -6,6 +6,7 @@
 //! trace is followed from a producer's span to the provider's request.
 
 mod jaeger;
+mod otel_env;
 mod prometheus;
 mod queries;
 mod traces;

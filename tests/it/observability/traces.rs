@@ -100,7 +100,7 @@ async fn config(jaeger: &Jaeger, protocol: &str, provider: &Provider) -> toml::T
     config
 }
 
-async fn kafka_section(config: &mut toml::Table) -> String {
+pub(super) async fn kafka_section(config: &mut toml::Table) -> String {
     let (topic, _dlq) = kafka::topics("trace", 1).await;
     let section = format!(
         "topics = [\"{topic}\"]\nbrokers = \"{}\"\ngroup_id = \"{}\"\n\
@@ -112,7 +112,7 @@ async fn kafka_section(config: &mut toml::Table) -> String {
     topic
 }
 
-async fn produce(topic: &str, key: &str, extra: Vec<(String, String)>) {
+pub(super) async fn produce(topic: &str, key: &str, extra: Vec<(String, String)>) {
     let mut headers = kafka::headers("acme", key);
     headers.extend(extra.into_iter().map(|(k, v)| (k, v.into_bytes())));
     kafka::produce(&kafka::producer(), topic, 0, &headers, BODY.as_bytes()).await;
@@ -126,7 +126,7 @@ async fn publish(queue: &str, key: &str, extra: Vec<(String, String)>) {
 }
 
 /// The charge the provider made for `key` (of tenant acme).
-async fn charged(provider: &Provider, key: &str) -> Charge {
+pub(super) async fn charged(provider: &Provider, key: &str) -> Charge {
     let derived = format!("acme:{key}");
     eventually(Duration::from_secs(60), "the provider charged", || async {
         provider.charges_for(&derived).await.into_iter().next()
@@ -135,7 +135,7 @@ async fn charged(provider: &Provider, key: &str) -> Charge {
 }
 
 /// `00-<trace id>-<parent span id>-<flags>` split into trace and parent.
-fn traceparent(charge: &Charge) -> (String, String) {
+pub(super) fn traceparent(charge: &Charge) -> (String, String) {
     let header = charge
         .traceparent
         .as_deref()
