@@ -98,3 +98,24 @@ async fn the_otel_variables_configure_export_and_json_log_lines_carry_the_trace_
         "a start-up line, outside any span, has no ids: {first}"
     );
 }
+
+#[tokio::test]
+async fn a_bad_otel_variable_stops_start_up_naming_the_variable() {
+    let provider = Provider::start(Knobs::default()).await;
+    let (_, store) = isolated_store().await;
+    let config = base_config(&store, &provider);
+    for (variable, value) in [
+        ("OTEL_RESOURCE_ATTRIBUTES", "team"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
+    ] {
+        let mut dedupq = Dedupq::launch(&config, &[(variable, value)]);
+        let status = dedupq.wait_exit(Duration::from_secs(30)).await;
+        let log = dedupq.log();
+        assert_eq!(status.code(), Some(2), "{variable}={value}: {log}");
+        assert!(
+            log.contains(&format!("(env {variable})")),
+            "the error names {variable}: {log}"
+        );
+    }
+}
