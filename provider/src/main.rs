@@ -34,9 +34,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
     let shutdown = CancellationToken::new();
+    // SIGINT (a terminal) or SIGTERM (docker stop, Kubernetes, a script)
+    // stops it the same way.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        }
         stop.cancel();
     });
     dedupq_provider::serve(listener, &args.database_url, &args.schema, knobs, shutdown).await?;

@@ -34,3 +34,48 @@ fn the_readme_provider_commands_exist_and_parse() {
             .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
     }
 }
+
+#[test]
+fn sigterm_stops_the_simulator() {
+    use std::time::{Duration, Instant};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let schema = format!("provider_sigterm_{}", std::process::id());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dedupq-provider"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--schema",
+            &schema,
+        ])
+        .spawn()
+        .expect("start dedupq-provider");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the simulator never listened"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the simulator exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let stopping = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopping.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("still running 20 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exited with {status}");
+}

@@ -159,11 +159,11 @@ pub(super) fn breakdown(metrics: &Metrics, handler_calls: usize) -> String {
             .flat_map(|m| m.get_histogram().get_bucket())
             .find(|b| b.cumulative_count() as f64 >= 0.99 * n as f64)
             .map_or(f64::INFINITY, |b| 1000.0 * b.upper_bound());
-        format!("{n} {statement} statements ({mean:.2} ms, p99 <= {p99} ms)")
+        format!("{n} {statement} calls ({mean:.2} ms, p99 <= {p99} ms)")
     };
     let size = &metrics.claim_batch_size;
     format!(
-        "handler calls {handler_calls}; {} (mean {:.0} keys); {}",
+        "handler calls {handler_calls}; {} (mean {:.0} keys per statement); {}",
         stats("claim"),
         size.get_sample_sum() / size.get_sample_count().max(1) as f64,
         stats("finish"),
