@@ -25,13 +25,21 @@ fn config(topic: &str) -> std::path::PathBuf {
     cli::config_file(&text.parse().unwrap())
 }
 
-fn reasons(lines: &[serde_json::Value]) -> Vec<String> {
+/// The first `words` words of `field` of each line, sorted.
+fn sorted(lines: &[serde_json::Value], field: &str, words: usize) -> Vec<String> {
     let mut r: Vec<String> = lines
         .iter()
-        .map(|l| l["reason"].as_str().unwrap_or("-").to_string())
+        .map(|l| {
+            let text = l[field].as_str().unwrap_or("-");
+            text.split(' ').take(words).collect::<Vec<_>>().join(" ")
+        })
         .collect();
     r.sort();
     r
+}
+
+fn reasons(lines: &[serde_json::Value]) -> Vec<String> {
+    sorted(lines, "reason", 1)
 }
 
 #[tokio::test]
@@ -190,15 +198,7 @@ async fn kafka_dead_letters_are_listed_filtered_and_replayed_with_their_original
 
 /// The `replay` field of each line of a `dlq replay` run.
 fn outcomes(lines: &[serde_json::Value]) -> Vec<String> {
-    let mut r: Vec<String> = lines
-        .iter()
-        .map(|l| {
-            let replay = l["replay"].as_str().unwrap_or("-");
-            replay.split(' ').take(2).collect::<Vec<_>>().join(" ")
-        })
-        .collect();
-    r.sort();
-    r
+    sorted(lines, "replay", 2)
 }
 
 #[tokio::test]
