@@ -21,10 +21,18 @@ fn forgetful(latency: Duration) -> Knobs {
     }
 }
 
+/// Room for a busy machine: the second request must reach dedupq while
+/// the first one's provider call still runs.
+fn patient(s: &mut dedupq::config::Settings) {
+    s.handler.timeout = Duration::from_secs(10);
+    s.engine.lease = Duration::from_secs(15);
+    s.engine.renew_every = Duration::from_secs(3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_concurrent_posts_with_one_key_charge_once() {
-    let provider = Provider::start(forgetful(Duration::from_millis(800))).await;
-    let app = App::with(&provider, |_, _| {}).await;
+    let provider = Provider::start(forgetful(Duration::from_secs(4))).await;
+    let app = App::with(&provider, |s, _| patient(s)).await;
 
     let (a, b) = tokio::join!(app.pay("order-1", ORDER), app.pay("order-1", ORDER));
 
@@ -40,8 +48,8 @@ async fn two_concurrent_posts_with_one_key_charge_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retry_while_the_first_request_runs_answers_409_and_a_retry_after_it_replays_its_answer()
 {
-    let provider = Provider::start(forgetful(Duration::from_millis(1500))).await;
-    let app = App::with(&provider, |_, _| {}).await;
+    let provider = Provider::start(forgetful(Duration::from_secs(5))).await;
+    let app = App::with(&provider, |s, _| patient(s)).await;
 
     let first = tokio::spawn({
         let url = app.url("payments");
