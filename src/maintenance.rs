@@ -31,16 +31,31 @@ const LOCK_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A lock check slower than this counts as a lost connection.
 const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What the upkeep leader purges: finished keys older than `keep` (this
+/// replica's, resolved at start-up; see `retention::keep`), `batch` at a
+/// time, every `every`.
+struct Purging {
+    keep: Duration,
+    every: Duration,
+    batch: i64,
+}
+
 pub(crate) async fn run(
     store: Store,
     retention: RetentionSettings,
+    keep: Duration,
     metrics: Metrics,
     health: Health,
     shutdown: CancellationToken,
 ) {
+    let purging = Purging {
+        keep,
+        every: retention.purge_every,
+        batch: retention.purge_batch,
+    };
     tokio::join!(
         report_readiness(&store, &metrics, &health, &shutdown),
-        lead_when_elected(&store, &retention, &metrics, &shutdown),
+        lead_when_elected(&store, &purging, &metrics, &shutdown),
     );
 }
 
@@ -72,7 +87,7 @@ async fn report_readiness(
 /// lock's connection is lost, and stands by again.
 async fn lead_when_elected(
     store: &Store,
-    retention: &RetentionSettings,
+    purging: &Purging,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) {
@@ -84,7 +99,7 @@ async fn lead_when_elected(
             _ = shutdown.cancelled() => return,
             _ = standby.tick() => {}
         }
-        match try_lock(store, &mut conn, retention.keep).await {
+        match try_lock(store, &mut conn, purging.keep).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -96,7 +111,7 @@ async fn lead_when_elected(
         let Some(held) = conn.take() else { continue };
         metrics.upkeep_leader.set(1);
         tracing::info!("upkeep leader: this replica purges and counts keys");
-        lead(store, held, retention, metrics, shutdown).await;
+        lead(store, held, purging, metrics, shutdown).await;
         metrics.upkeep_leader.set(0);
         // Only the leader exports the key-table gauges, so a former leader's
         // stale numbers never sit beside the new leader's.
@@ -130,15 +145,15 @@ async fn try_lock(
 async fn lead(
     store: &Store,
     mut conn: PgConnection,
-    retention: &RetentionSettings,
+    purging: &Purging,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) {
     let mut check = interval(LOCK_CHECK_EVERY);
     let mut count_unknown = interval(COUNT_UNKNOWN_EVERY);
     let mut count_scanned = interval(COUNT_SCANNED_EVERY);
-    let mut purge = interval(retention.purge_every);
-    let mut keep = retention.keep;
+    let mut purge = interval(purging.every);
+    let mut keep = purging.keep;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -158,7 +173,7 @@ async fn lead(
             }
             _ = count_unknown.tick() => record_counts(store.count_unknown().await, metrics),
             _ = count_scanned.tick() => record_counts(store.count_scanned().await, metrics),
-            _ = purge.tick() => purge_once(store, &mut conn, retention, &mut keep, metrics).await,
+            _ = purge.tick() => purge_once(store, &mut conn, purging, &mut keep, metrics).await,
         }
     }
 }
@@ -169,12 +184,11 @@ async fn lead(
 async fn purge_once(
     store: &Store,
     conn: &mut PgConnection,
-    retention: &RetentionSettings,
+    purging: &Purging,
     keep: &mut Duration,
     metrics: &Metrics,
 ) {
-    let Ok(announced) = timeout(LOCK_CHECK_TIMEOUT, longest_keep(conn, retention.keep)).await
-    else {
+    let Ok(announced) = timeout(LOCK_CHECK_TIMEOUT, longest_keep(conn, purging.keep)).await else {
         tracing::warn!("retention purge skipped: the upkeep connection stopped answering");
         return;
     };
@@ -183,12 +197,12 @@ async fn purge_once(
             if longest != *keep {
                 tracing::info!(
                     keep = %humantime::format_duration(longest),
-                    own = %humantime::format_duration(retention.keep),
+                    own = %humantime::format_duration(purging.keep),
                     "retention: purging keys older than the longest retention.keep of the live replicas"
                 );
                 *keep = longest;
             }
-            store.purge(longest, retention.purge_batch).await
+            store.purge(longest, purging.batch).await
         }
         Err(e) => Err(e),
     };

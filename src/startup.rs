@@ -132,12 +132,14 @@ impl Application {
                 .context("http server task")?
                 .context("http server")
         });
-        if !settings.kafka.topics.is_empty() {
-            if let Err(e) = crate::retention::check_kafka(&settings).await {
+        let keep = match crate::retention::keep(&settings).await {
+            Ok(keep) => keep,
+            Err(e) => {
                 shutdown.cancel();
                 return Err(e).context("checking key retention against the Kafka topics");
             }
-        }
+        };
+        tracing::info!(keep = %humantime::format_duration(keep), "retention: finished keys are kept this long");
         if settings.api.enabled {
             let api =
                 crate::transport::http::Api::build(&settings, pipeline.clone(), store.clone())
@@ -166,7 +168,7 @@ impl Application {
                 shutdown.clone(),
             );
             tasks.spawn(async move {
-                maintenance::run(store, r, m, h, s).await;
+                maintenance::run(store, r, keep, m, h, s).await;
                 Ok(())
             });
         }

@@ -201,7 +201,8 @@ impl Settings {
 fn check_retention(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.retention;
     let horizon = s.redelivery_horizon();
-    if r.keep <= horizon {
+    // `auto` is resolved at start-up, above the horizon (retention::keep).
+    if let Some(keep) = r.keep.fixed().filter(|keep| *keep <= horizon) {
         return Err(ConfigError::new(
             "retention.keep",
             format!(
@@ -209,7 +210,7 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
                  handler.retry_for, or amqp.retry_delay_max x \
                  amqp.max_redeliveries): a redelivered message \
                  could find its key purged and charge again",
-                humantime::format_duration(r.keep),
+                humantime::format_duration(keep),
                 humantime::format_duration(horizon)
             ),
             "keep finished keys longer than the longest redelivery delay",

@@ -10,6 +10,7 @@ mod check;
 pub mod handler;
 pub mod kafka;
 mod otel_env;
+mod retention;
 mod secret;
 mod sources;
 mod store;
@@ -19,6 +20,7 @@ pub use amqp::{AmqpSettings, QueueType, Topology};
 pub use api::{ApiSettings, PublishTarget, RouteMode, RouteSettings, WebhookKind};
 pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
+pub use retention::{Keep, RetentionSettings};
 pub use secret::{is_secret_name, redact_url, SecretUrl};
 pub use store::{check_schema_name, MigrateMode, StoreSettings};
 pub use telemetry::{OtlpProtocol, TelemetrySettings};
@@ -168,42 +170,6 @@ impl Default for IdentitySettings {
             max_body_bytes: 1024 * 1024,
             derived_key: "tenant:key".into(),
             fingerprint: FingerprintSpec::default(),
-        }
-    }
-}
-
-/// `[retention]`: how long finished keys are kept, and how they are purged.
-/// `in_progress` and `unknown` keys are never purged.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetentionSettings {
-    /// Finished keys are kept this long, then purged.
-    #[serde(with = "humantime_serde")]
-    pub keep: Duration,
-    /// The longest a message may be redelivered after its first delivery
-    /// (consumer lag you tolerate, delay queues, producer retries).
-    #[serde(with = "humantime_serde")]
-    pub redelivery_horizon: Duration,
-    /// `retention.purge_every` (default 1m): how often the upkeep leader
-    /// purges finished keys older than `keep`.
-    #[serde(with = "humantime_serde")]
-    pub purge_every: Duration,
-    /// `retention.purge_batch` (default 1000): most keys one purge statement
-    /// deletes; a purge repeats statements until fewer are left.
-    pub purge_batch: i64,
-    /// Accept a `keep` shorter than a source topic can replay (by
-    /// default start-up refuses it: a group reset would replay purged keys).
-    pub allow_shorter_than_topics: bool,
-}
-
-impl Default for RetentionSettings {
-    fn default() -> Self {
-        Self {
-            keep: Duration::from_secs(24 * 3600),
-            redelivery_horizon: Duration::from_secs(6 * 3600),
-            purge_every: Duration::from_secs(60),
-            purge_batch: 1000,
-            allow_shorter_than_topics: false,
         }
     }
 }

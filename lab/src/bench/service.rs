@@ -55,7 +55,7 @@ pub(super) fn settings(job: &Job, amqp: bool, base: &Settings) -> Settings {
     s.store.schema = Some(job.schema.clone());
     s.http.listen = ([127, 0, 0, 1], 0).into();
     // The prefilled 10M rows must not be purged in the middle of a run.
-    s.retention.keep = Duration::from_secs(3650 * 24 * 3600);
+    s.retention.keep = Duration::from_secs(3650 * 24 * 3600).into();
     if amqp {
         s.amqp.queues = vec![job.source.clone()];
         s.amqp.url = SecretUrl::new(job.amqp_url.clone());

@@ -90,13 +90,13 @@ async fn a_key_claimed_long_ago_but_finished_recently_is_kept() {
 fn a_retention_shorter_than_the_redelivery_horizon_is_refused() {
     let mut settings = Settings::default();
     settings.handler.retry_for = Duration::from_secs(1800);
-    settings.retention.keep = Duration::from_secs(3600);
+    settings.retention.keep = Duration::from_secs(3600).into();
     settings.retention.redelivery_horizon = Duration::from_secs(2 * 3600);
     let err = settings.validate().unwrap_err();
     assert_eq!(err.setting, "retention.keep");
     assert!(err.to_string().contains("redelivery horizon"), "{err}");
 
-    settings.retention.keep = Duration::from_secs(3 * 3600);
+    settings.retention.keep = Duration::from_secs(3 * 3600).into();
     assert!(settings.validate().is_ok());
 }
 

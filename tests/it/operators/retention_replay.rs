@@ -27,7 +27,7 @@ fn settings(topic: &str, keep: &str) -> Settings {
     let mut s = Settings::default();
     s.kafka.brokers = kafka::brokers();
     s.kafka.topics = vec![topic.to_string()];
-    s.retention.keep = humantime::parse_duration(keep).expect("a duration");
+    s.retention.keep = humantime::parse_duration(keep).expect("a duration").into();
     s.handler.retry_for = Duration::from_secs(600);
     s
 }
@@ -35,8 +35,9 @@ fn settings(topic: &str, keep: &str) -> Settings {
 /// The start-up retention check for `topic` with `keep`; the error as
 /// dedupq prints it.
 async fn check(settings: &Settings) -> Result<(), String> {
-    dedupq::retention::check_kafka(settings)
+    dedupq::retention::keep(settings)
         .await
+        .map(|_| ())
         .map_err(|e| format!("{e:#}"))
 }
 
