@@ -1,7 +1,7 @@
 //! `dedupq`: the service (`dedupq run`) and its operator commands.
 
 use clap::Parser;
-use dedupq::cli::{run_dlq, run_keys, Cli, Command};
+use dedupq::cli::{run_check, run_dlq, run_keys, Cli, Command, ReportFormat};
 use dedupq::config::Settings;
 use dedupq::store::Store;
 use std::process::ExitCode;
@@ -9,6 +9,9 @@ use std::process::ExitCode;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Check { output } = cli.command {
+        return preflight(cli.config.as_deref(), output).await;
+    }
     // `run` calls the built-in HTTP handler; `config` shows what `run`
     // would start with, so both refuse a missing handler.url.
     let runs = matches!(cli.command, Command::Run | Command::Config);
@@ -61,6 +64,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         }
         Command::Migrate { check } => run_migrate(check, &settings).await?,
         Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
+        Command::Check { .. } => unreachable!("run by preflight"),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
         Command::Dlq { command } => run_dlq(&settings, command, &mut std::io::stdout()).await?,
     }
@@ -78,4 +82,29 @@ async fn run_migrate(check: bool, settings: &Settings) -> anyhow::Result<()> {
         println!("migrations applied");
     }
     Ok(())
+}
+
+/// `dedupq check`: a configuration that does not load is its first failed
+/// check, not an early exit, so the report is complete either way.
+async fn preflight(file: Option<&std::path::Path>, output: ReportFormat) -> ExitCode {
+    let loaded = Settings::load(file).and_then(|s| s.validate_for_run().map(|()| s));
+    // The report is the output: only warnings go to stderr, and not the
+    // broker's own log of the passive declares that find nothing.
+    let log = dedupq::config::LogSettings {
+        filter: "warn,lapin=off".into(),
+        ..loaded.as_ref().map(|s| s.log.clone()).unwrap_or_default()
+    };
+    let telemetry = dedupq::telemetry::init_with_traces(&log, None).ok();
+    let result = run_check(loaded, output, &mut std::io::stdout()).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("dedupq: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -32,6 +32,14 @@ pub enum Command {
     },
     /// Print the effective configuration (secrets hidden) and exit.
     Config,
+    /// Preflight: check PostgreSQL, the brokers, the provider and the files
+    /// the configuration names, as `dedupq run` will use them, without
+    /// claiming, consuming or charging anything. Exits 1 if a check fails.
+    Check {
+        /// text (one line per check) or json (one document).
+        #[arg(long, value_enum, default_value = "text")]
+        output: super::check::ReportFormat,
+    },
     /// Inspect and repair idempotency keys.
     Keys {
         #[command(subcommand)]

@@ -63,13 +63,13 @@ pub(super) mod header {
 /// derived key settles the key as done without sending it again (see
 /// `handler/lookup.rs`).
 pub struct HttpHandler {
-    client: reqwest::Client,
-    url: reqwest::Url,
-    routes: Vec<(HandlerRoute, reqwest::Url)>,
+    pub(super) client: reqwest::Client,
+    pub(super) url: reqwest::Url,
+    pub(super) routes: Vec<(HandlerRoute, reqwest::Url)>,
     pub(super) lookup: Option<Lookup>,
-    timeout: Duration,
+    pub(super) timeout: Duration,
     key_header: HeaderName,
-    static_headers: HeaderMap,
+    pub(super) static_headers: HeaderMap,
     pass_headers: Vec<HeaderName>,
     fault_statuses: Vec<u16>,
     max_response_bytes: usize,

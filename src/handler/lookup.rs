@@ -100,6 +100,11 @@ impl Lookup {
         }
     }
 
+    /// The lookup URL for a key never charged, if it parses.
+    pub(super) fn probe_url(&self) -> Option<reqwest::Url> {
+        reqwest::Url::parse(&self.template.replace("{derived_key}", "dedupq-check")).ok()
+    }
+
     /// `GET` of the lookup URL with `{derived_key}` replaced by `key`,
     /// URL-encoded.
     async fn get(&self, key: &str) -> reqwest::Result<Response> {

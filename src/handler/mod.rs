@@ -266,8 +266,10 @@ pub trait Handler: Send + Sync + 'static {
 
 mod http;
 mod lookup;
+mod reach;
 
 pub use http::{HttpHandler, HttpHandlerError};
+pub use reach::Reached;
 
 use crate::config::{HandlerKind, HandlerSettings};
 use std::sync::Arc;

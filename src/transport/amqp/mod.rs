@@ -15,4 +15,4 @@ mod topology;
 pub use crate::config::{AmqpSettings, QueueType, Topology};
 pub use error::AmqpError;
 pub use runner::run;
-pub use topology::prepare_alone as prepare_topology;
+pub use topology::{missing_objects, prepare_alone as prepare_topology};

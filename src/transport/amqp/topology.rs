@@ -205,3 +205,77 @@ fn topology_error(kind: &'static str, name: &str) -> impl FnOnce(lapin::Error) -
         source,
     }
 }
+
+/// The queues and the exchange dedupq relies on that the broker does not
+/// have, each found by a passive declare on a channel of its own (a failed
+/// passive declare closes its channel): for `dedupq check`. Connecting
+/// tries the configured URL, TLS and credentials as `dedupq run` will.
+pub async fn missing_objects(settings: &AmqpSettings) -> Result<Vec<String>, AmqpError> {
+    let connection = crate::broker::amqp::connect(settings, "dedupq check").await?;
+    let mut queues = vec![settings.dead_letter_queue.clone()];
+    for queue in &settings.queues {
+        queues.push(queue.clone());
+        queues.push(settings.delay_queue(queue));
+    }
+    let mut missing = Vec::new();
+    let exchange = passive(&connection, |channel| async move {
+        channel
+            .exchange_declare(
+                settings.dead_letter_exchange.as_str().into(),
+                ExchangeKind::Topic,
+                durable_exchange(true),
+                FieldTable::default(),
+            )
+            .await
+    });
+    if !exchange.await? {
+        missing.push(format!("exchange {}", settings.dead_letter_exchange));
+    }
+    for queue in queues {
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let name = queue.clone();
+        let found = passive(&connection, |channel| async move {
+            channel
+                .queue_declare(name.as_str().into(), options, FieldTable::default())
+                .await
+                .map(|_| ())
+        });
+        if !found.await? {
+            missing.push(format!("queue {queue}"));
+        }
+    }
+    let _ = connection.close(200, "checked".into()).await;
+    Ok(missing)
+}
+
+/// Runs one passive declare on a fresh channel: `false` if the broker
+/// answered that the object does not exist (404), an error otherwise.
+async fn passive<F, Fut>(connection: &Connection, declare: F) -> Result<bool, AmqpError>
+where
+    F: FnOnce(lapin::Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<(), lapin::Error>>,
+{
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(AmqpError::channel("channel.open"))?;
+    match declare(channel.clone()).await {
+        Ok(()) => {
+            let _ = channel.close(200, "checked".into()).await;
+            Ok(true)
+        }
+        Err(e) if is_not_found(&e) => Ok(false),
+        Err(e) => Err(AmqpError::channel("declare (passive)")(e)),
+    }
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(p) if matches!(p.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}

@@ -8,7 +8,7 @@ use crate::config::KafkaSettings;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::metadata::Metadata;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -21,7 +21,7 @@ fn admin(settings: &KafkaSettings) -> Result<AdminClient<DefaultClientContext>, 
 
 /// Topics dedupq produces to: the dead-letter topic of every source topic,
 /// and the reply topic.
-pub(super) fn produced_topics(s: &KafkaSettings) -> Vec<String> {
+pub fn produced_topics(s: &KafkaSettings) -> Vec<String> {
     s.topics
         .iter()
         .map(|t| format!("{t}{}", s.dlq_suffix))
@@ -89,6 +89,30 @@ async fn existing_topics(
         .iter()
         .map(|t| t.name().to_string())
         .collect())
+}
+
+/// The cluster as its metadata shows it: for `dedupq check`.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// Brokers in the metadata.
+    pub brokers: usize,
+    /// Every topic this client may see, with its partition count.
+    pub topics: HashMap<String, usize>,
+}
+
+/// Fetches the cluster's metadata with the configured client (so TLS and
+/// SASL are tried as the consumer will use them).
+pub async fn cluster(s: &KafkaSettings) -> Result<Cluster, KafkaError> {
+    let metadata = metadata(&admin(s)?)?;
+    Ok(Cluster {
+        brokers: metadata.brokers().len(),
+        topics: metadata
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| (t.name().to_string(), t.partitions().len()))
+            .collect(),
+    })
 }
 
 /// How long each source topic can replay (see `Replay`).

@@ -18,7 +18,7 @@ mod replay;
 mod reply;
 
 pub use crate::config::KafkaSettings;
-pub use admin::topic_replays;
+pub use admin::{cluster, produced_topics, topic_replays, Cluster};
 pub use error::{KafkaError, ProduceError};
 pub use replay::{CheckInterval, Replay};
 

@@ -10,6 +10,7 @@ mod kafka_sasl;
 mod manifests;
 mod payment_safe;
 mod pg_tls;
+mod preflight;
 mod probes;
 mod readme_examples;
 mod roles;

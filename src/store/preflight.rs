@@ -1,0 +1,119 @@
+//! What `dedupq check` asks PostgreSQL before the first start: who we are
+//! connected as, whether the server takes writes, and whether the role
+//! holds the privileges the key table needs.
+
+use super::{Store, StoreError};
+
+/// The key table's tables, and the privileges a runtime role needs on each.
+const NEEDED: &[(&str, &[&str])] = &[
+    ("dedupq_keys", &["SELECT", "INSERT", "UPDATE", "DELETE"]),
+    ("dedupq_key_audit", &["SELECT", "INSERT"]),
+];
+
+/// The server and the connected role, as one round trip of reads sees them.
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// `server_version`, e.g. `15.10 (Debian 15.10-0+deb12u1)`.
+    pub version: String,
+    /// The role dedupq is connected as.
+    pub user: String,
+    /// The database.
+    pub database: String,
+    /// `transaction_read_only`: a standby, or a database or role set
+    /// `default_transaction_read_only`.
+    pub read_only: bool,
+    /// Connections the server accepts in all, and those already open.
+    pub max_connections: i64,
+    /// Connections open on the server now.
+    pub connections: i64,
+    /// Whether TLS protects this connection.
+    pub tls: bool,
+}
+
+/// A privilege the role lacks, or a table that is not there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missing {
+    /// The table does not exist where the search_path looks (migrations
+    /// not applied, or another `store.schema`).
+    Table(&'static str),
+    /// The role may not do this on the table.
+    Privilege {
+        /// The table.
+        table: &'static str,
+        /// `SELECT`, `INSERT`, `UPDATE` or `DELETE`.
+        privilege: &'static str,
+    },
+}
+
+impl Store {
+    /// The server and role (see [`Server`]).
+    pub async fn server(&self) -> Result<Server, StoreError> {
+        let row: (String, String, String, String, i64, i64, bool) = sqlx::query_as(
+            "SELECT current_setting('server_version'), current_user::text, \
+             current_database()::text, current_setting('transaction_read_only'), \
+             current_setting('max_connections')::bigint, \
+             (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
+             COALESCE((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok(Server {
+            version: row.0,
+            user: row.1,
+            database: row.2,
+            read_only: row.3 == "on",
+            max_connections: row.4,
+            connections: row.5,
+            tls: row.6,
+        })
+    }
+
+    /// What the connected role lacks on the key table's tables; empty when
+    /// every claim, finish, purge and tool statement may run.
+    pub async fn missing_privileges(&self) -> Result<Vec<Missing>, StoreError> {
+        let mut missing = Vec::new();
+        for (table, privileges) in NEEDED {
+            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(table)
+                .fetch_one(self.pool())
+                .await?;
+            if !exists {
+                missing.push(Missing::Table(table));
+                continue;
+            }
+            for privilege in privileges.iter() {
+                let held: bool = sqlx::query_scalar("SELECT has_table_privilege($1, $2)")
+                    .bind(table)
+                    .bind(privilege)
+                    .fetch_one(self.pool())
+                    .await?;
+                if !held {
+                    missing.push(Missing::Privilege { table, privilege });
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Whether the role may create the key table where `dedupq migrate`
+    /// would (the schema, or the database if the schema does not exist
+    /// yet; `public` by default).
+    pub async fn may_create(&self, schema: Option<&str>) -> Result<bool, StoreError> {
+        let sql = "SELECT CASE WHEN to_regnamespace($1) IS NULL \
+                   THEN has_database_privilege(current_database(), 'CREATE') \
+                   ELSE has_schema_privilege(to_regnamespace($1)::oid, 'CREATE') END";
+        // Quoted: a configured schema keeps its case (see connect_lazy).
+        let schema = match schema {
+            Some(s) => format!("\"{s}\""),
+            None => {
+                sqlx::query_scalar("SELECT quote_ident(COALESCE(current_schema(), 'public'))")
+                    .fetch_one(self.pool())
+                    .await?
+            }
+        };
+        Ok(sqlx::query_scalar(sql)
+            .bind(schema)
+            .fetch_one(self.pool())
+            .await?)
+    }
+}
