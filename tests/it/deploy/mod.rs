@@ -17,3 +17,4 @@ mod roles;
 mod schema_names;
 mod schema_race;
 mod secrets;
+mod shipped;
