@@ -13,7 +13,7 @@ fn production_section() -> String {
 fn the_production_examples_parse_and_use_the_endpoints_the_tests_use() {
     let ep = endpoints();
     let section = production_section();
-    let examples: Vec<Settings> = fenced_blocks(&section, "toml")
+    let examples: Vec<Settings> = fenced_blocks(&section, "toml fragment")
         .iter()
         .map(|b| toml::from_str(b).unwrap_or_else(|e| panic!("{e}\n{b}")))
         .collect();
