@@ -16,10 +16,13 @@ fn a_rate_outside_zero_to_one_stops_the_simulator_naming_the_flag() {
 }
 
 #[test]
-fn the_readme_provider_commands_exist_and_parse() {
+fn the_documented_provider_commands_exist_and_parse() {
     use clap::Parser;
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/development.md"
+    ))
+    .expect("docs/development.md");
     let commands: Vec<&str> = text
         .split("```sh\n")
         .skip(1)
@@ -27,11 +30,14 @@ fn the_readme_provider_commands_exist_and_parse() {
         .flat_map(str::lines)
         .filter(|l| l.starts_with("dedupq-provider"))
         .collect();
-    assert!(!commands.is_empty(), "the README shows dedupq-provider");
+    assert!(
+        !commands.is_empty(),
+        "docs/development.md shows dedupq-provider"
+    );
     for line in commands {
         let words = line.split('#').next().unwrap().split_whitespace();
         dedupq_provider::Args::try_parse_from(words)
-            .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
+            .unwrap_or_else(|e| panic!("docs/development.md command `{line}` does not parse: {e}"));
     }
 }
 

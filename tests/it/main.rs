@@ -17,6 +17,7 @@ mod amqp;
 mod broker_facts;
 mod dependencies;
 mod deploy;
+mod docs;
 mod engine;
 mod handlers;
 mod http;

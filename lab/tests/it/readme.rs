@@ -1,13 +1,16 @@
-//! The README's `dedupq-lab` commands parse, so they cannot drift from the
+//! The `dedupq-lab` commands of docs/development.md parse, so they cannot drift from the
 //! command line.
 
 use clap::Parser;
 use dedupq_lab::cli::Cli;
 
-/// The lines of the README's `sh` blocks that run `program`.
+/// The lines of docs/development.md's `sh` blocks that run `program`.
 fn readme_commands(program: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/development.md"
+    ))
+    .expect("docs/development.md");
     text.split("```sh\n")
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
@@ -39,11 +42,11 @@ fn the_readme_lab_commands_exist_and_parse() {
             commands
                 .iter()
                 .any(|c| c.starts_with(&format!("dedupq-lab {sub}"))),
-            "the README shows dedupq-lab {sub}"
+            "docs/development.md shows dedupq-lab {sub}"
         );
     }
     for line in commands {
         Cli::try_parse_from(words(&line))
-            .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
+            .unwrap_or_else(|e| panic!("docs/development.md command `{line}` does not parse: {e}"));
     }
 }

@@ -1,4 +1,4 @@
-//! The README's Production examples are the settings these tests run with:
+//! The examples of docs/production.md are the settings these tests run with:
 //! they parse, and they name the local TLS endpoints and files.
 
 use crate::support::endpoints::endpoints;
@@ -6,21 +6,14 @@ use crate::support::fenced_blocks;
 use dedupq::config::Settings;
 
 fn production_section() -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme
-        .find("\n## Production\n")
-        .expect("a Production section");
-    let rest = &readme[start + 1..];
-    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
-    rest[..end].to_string()
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/production.md")).unwrap()
 }
 
 #[test]
 fn the_production_examples_parse_and_use_the_endpoints_the_tests_use() {
     let ep = endpoints();
     let section = production_section();
-    let examples: Vec<Settings> = fenced_blocks(&section, "toml")
+    let examples: Vec<Settings> = fenced_blocks(&section, "toml fragment")
         .iter()
         .map(|b| toml::from_str(b).unwrap_or_else(|e| panic!("{e}\n{b}")))
         .collect();

@@ -225,13 +225,13 @@ async fn without_the_client_certificate_or_the_ca_nothing_reaches_the_target() {
     assert!(target.received().is_empty(), "{:?}", target.received());
 }
 
-/// The README's example of the forwarder's settings is a valid
+/// The example of the forwarder's settings in docs/handlers.md is a valid
 /// configuration, and a static header whose variable is missing stops
 /// start-up naming the setting, the header and the variable.
 #[test]
-fn the_readme_forwarder_example_parses_and_a_missing_secret_names_its_source() {
+fn the_documented_forwarder_example_parses_and_a_missing_secret_names_its_source() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/handlers.md")).unwrap();
     let example = crate::support::fenced_blocks(&readme, "toml")
         .into_iter()
         .find(|b| b.contains("[handler.headers]") && !b.contains("[store]"))

@@ -143,15 +143,15 @@ fn the_dedupq_binary_refuses_to_start_on_a_bad_api_setting_and_names_it() {
 }
 
 #[test]
-fn the_readme_route_examples_are_valid_routes() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+fn the_documented_route_examples_are_valid_routes() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/http-api.md"))
+        .expect("docs/http-api.md");
     let block = readme
         .split("```toml\n")
         .skip(1)
         .map(|rest| rest.split("```").next().unwrap_or(""))
         .find(|b| b.contains("[[api.routes]]"))
-        .expect("a block of route examples in the README");
+        .expect("a block of route examples in docs/http-api.md");
     let keys = keys_file(&scratch());
     let text = format!(
         "[api]\nenabled = true\nkeys_file = \"{}\"\n{block}",

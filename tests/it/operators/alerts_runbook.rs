@@ -1,4 +1,4 @@
-//! The alert rules, their runbook sections in the README and their panels
+//! The alert rules, their runbook sections in docs/runbook.md and their panels
 //! on the dashboard belong together; the dashboard does not over-count
 //! table-wide gauges across replicas.
 
@@ -26,16 +26,16 @@ fn dashboard() -> serde_json::Value {
 
 #[test]
 fn every_alert_has_a_runbook_section_that_says_what_to_check_and_which_command_fixes_it() {
-    let readme = repo("README.md");
+    let runbook = repo("docs/runbook.md");
     let all = alerts();
     assert!(all.len() >= 10, "the alerts the operators asked for");
     for rule in all {
         let name = rule["alert"].as_str().unwrap();
-        let heading = format!("\n### {name}\n");
-        let start = readme
+        let heading = format!("\n## {name}\n");
+        let start = runbook
             .find(&heading)
-            .unwrap_or_else(|| panic!("README has no section {name}"));
-        let section = &readme[start + heading.len()..];
+            .unwrap_or_else(|| panic!("docs/runbook.md has no section {name}"));
+        let section = &runbook[start + heading.len()..];
         let section = &section[..section.find("\n#").unwrap_or(section.len())];
         for part in ["**Means**", "**Check**", "**Fix**"] {
             assert!(section.contains(part), "{name}: no {part}");
@@ -47,7 +47,8 @@ fn every_alert_has_a_runbook_section_that_says_what_to_check_and_which_command_f
         );
         assert_eq!(
             rule["annotations"]["runbook"].as_str(),
-            Some(format!("README.md, Runbook: {name}").as_str())
+            Some(format!("docs/runbook.md#{}", name.to_lowercase()).as_str()),
+            "{name}: the runbook annotation links its section"
         );
         assert!(
             rule["labels"]["severity"].as_str().is_some(),

@@ -1,5 +1,6 @@
-//! The README's commands, configuration and metrics are checked against the
-//! code, so they cannot drift.
+//! The documented commands (README.md and docs/), the configuration
+//! reference (docs/configuration.md) and the metrics (docs/metrics.md) are
+//! checked against the code, so they cannot drift.
 
 use clap::Parser;
 use dedupq::cli::Cli;
@@ -7,8 +8,28 @@ use dedupq::config::Settings;
 use dedupq::metrics::Metrics;
 use std::collections::BTreeSet;
 
+fn page(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md")
+    page("README.md")
+}
+
+/// README.md and every page under docs/, one after the other.
+fn all_pages() -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut pages: Vec<_> = std::fs::read_dir(&dir)
+        .expect("docs/")
+        .map(|e| e.expect("a docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    pages.iter().fold(readme(), |mut all, p| {
+        all.push_str(&std::fs::read_to_string(p).expect("a docs page"));
+        all
+    })
 }
 
 use crate::support::fenced_blocks as blocks;
@@ -31,11 +52,11 @@ fn leaf_paths(value: &toml::Value, prefix: &str, out: &mut BTreeSet<String>) {
 
 #[test]
 fn the_configuration_reference_lists_every_setting_with_its_default() {
-    let text = readme();
+    let text = page("docs/configuration.md");
     let reference = blocks(&text, "toml")
         .into_iter()
         .find(|b| b.contains("[store]") && b.contains("[log]"))
-        .expect("a full configuration block in the README");
+        .expect("a full configuration block in docs/configuration.md");
     let raw: toml::Value = toml::from_str(&reference).expect("the reference is valid TOML");
     let parsed: Settings =
         toml::from_str(&reference).expect("the reference parses as Settings (no unknown keys)");
@@ -55,13 +76,13 @@ fn the_configuration_reference_lists_every_setting_with_its_default() {
     let missing: Vec<_> = actual.difference(&documented).collect();
     assert!(
         missing.is_empty(),
-        "settings missing from the README: {missing:?}"
+        "settings missing from docs/configuration.md: {missing:?}"
     );
 }
 
 #[test]
-fn every_metric_in_the_readme_exists_and_every_metric_is_documented() {
-    let text = readme();
+fn every_documented_metric_exists_and_every_metric_is_documented() {
+    let text = page("docs/metrics.md");
     let documented: BTreeSet<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("| `dedupq_"))
@@ -72,7 +93,7 @@ fn every_metric_in_the_readme_exists_and_every_metric_is_documented() {
 }
 
 #[test]
-fn the_readme_commands_exist_and_parse() {
+fn the_documented_commands_exist_and_parse() {
     let text = readme();
     for script in ["scripts/demo", "scripts/test", "scripts/services"] {
         assert!(text.contains(script), "README mentions {script}");
@@ -88,6 +109,7 @@ fn the_readme_commands_exist_and_parse() {
         "CI runs the README's test command"
     );
 
+    let text = all_pages();
     let commands: Vec<String> = blocks(&text, "sh")
         .iter()
         .flat_map(|b| b.lines().map(str::to_string).collect::<Vec<_>>())
@@ -105,6 +127,6 @@ fn the_readme_commands_exist_and_parse() {
             }
         }
         Cli::try_parse_from(&words)
-            .unwrap_or_else(|e| panic!("README command `{line}` does not parse: {e}"));
+            .unwrap_or_else(|e| panic!("documented command `{line}` does not parse: {e}"));
     }
 }
