@@ -8,6 +8,7 @@
 
 mod alert_conventions;
 mod jaeger;
+mod liveness;
 mod otel_env;
 mod prometheus;
 mod queries;
