@@ -7,6 +7,7 @@
 //! trace is followed from a producer's span to the provider's request.
 
 mod alert_conventions;
+mod build_info;
 mod jaeger;
 mod liveness;
 mod otel_env;
