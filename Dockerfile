@@ -1,7 +1,10 @@
 # dedupq: a multi-stage build. docker-compose.yml and deploy/kubernetes/ use it.
 #
-#   docker build -t dedupq:0.1.0 .
+#   docker build --build-arg DEDUPQ_GIT_COMMIT=$(git rev-parse --short HEAD) -t dedupq:0.1.0 .
 #   docker build --build-arg FEATURES=gssapi -t dedupq:0.1.0-gssapi .   # Kerberos for Kafka
+#
+# DEDUPQ_GIT_COMMIT is the `commit` label of dedupq_build_info (the build
+# context has no .git to read it from; without it the label says unknown).
 ARG RUST_VERSION=1.95.0
 ARG DEBIAN=bookworm
 
@@ -28,6 +31,10 @@ RUN for dir in . lab provider; do \
     && rm -rf src provider/src target/release/.fingerprint/dedupq-* target/release/deps/*dedupq*
 
 # The service and the provider simulator (docker-compose.yml runs it).
+# The commit is declared here, after the dependency layer, so that a new
+# commit does not rebuild the dependencies.
+ARG DEDUPQ_GIT_COMMIT=""
+COPY build.rs ./
 COPY src src
 COPY migrations migrations
 COPY provider/src provider/src

@@ -1,6 +1,8 @@
 //! What /readyz reports: is the store reachable, are the brokers connected,
-//! and if not, why.
+//! and if not, why. It also carries the loops' heartbeats /healthz checks
+//! (see [`crate::liveness`]), so every part that reports readiness can beat.
 
+use crate::liveness::Liveness;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -69,6 +71,7 @@ struct Inner {
     /// The last key-table write that failed for an outage (a read-only
     /// server, a timeout, no disk), until a write works again.
     write_failure: Mutex<Option<(String, Instant)>>,
+    liveness: Liveness,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +79,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Health {
+    /// The heartbeats of the long-running loops (/healthz).
+    pub fn liveness(&self) -> &Liveness {
+        &self.0.liveness
+    }
+
     /// Marks `c` up or down, and so configured; clears the reason given
     /// before.
     pub fn set(&self, c: Component, up: bool) {

@@ -88,6 +88,8 @@ pub mod identity;
 #[doc(hidden)]
 pub mod json;
 #[doc(hidden)]
+pub mod liveness;
+#[doc(hidden)]
 pub mod message;
 #[doc(hidden)]
 pub mod metrics;

@@ -66,11 +66,14 @@ async fn report_readiness(
     shutdown: &CancellationToken,
 ) {
     let mut ping = interval(PING_EVERY);
+    // Waiting for PostgreSQL (however long, in an outage) is on purpose.
+    let heartbeat = health.liveness().register("store watch");
     loop {
+        heartbeat.beat();
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ping.tick() => {
-                match store.ping().await {
+                match heartbeat.waiting(store.ping()).await {
                     Ok(()) => health.set(Component::Store, true),
                     Err(e) => {
                         let code = e.sqlstate().unwrap_or_else(|| e.class().to_string());

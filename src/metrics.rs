@@ -118,12 +118,9 @@ pub const HANDLER_FAULT_REASONS: [&str; 6] = [
     "other",
 ];
 
-/// The git commit dedupq was built from, when the build passed it in
-/// (`DEDUPQ_GIT_COMMIT=$(git rev-parse --short HEAD) cargo build`).
-pub const GIT_COMMIT: &str = match option_env!("DEDUPQ_GIT_COMMIT") {
-    Some(commit) => commit,
-    None => "unknown",
-};
+/// The git commit dedupq was built from (build.rs): `DEDUPQ_GIT_COMMIT`
+/// when the build sets it, else the checkout's short HEAD, else "unknown".
+pub const GIT_COMMIT: &str = env!("DEDUPQ_BUILD_COMMIT");
 
 impl std::ops::Deref for Metrics {
     type Target = Inner;

@@ -246,6 +246,7 @@ impl Parts {
             listener,
             metrics.clone(),
             health.clone(),
+            settings.http.liveness_timeout,
             shutdown.clone(),
         ));
         let store = match prepare_store(settings, &health, &shutdown).await {

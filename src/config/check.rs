@@ -11,6 +11,7 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     check_identity(s)?;
     check_retention(s)?;
     check_log(s)?;
+    s.http.validate()?;
     if !s.kafka.topics.is_empty() {
         s.kafka.validate()?;
     }

@@ -180,13 +180,37 @@ impl Default for IdentitySettings {
 pub struct HttpSettings {
     /// Address of /metrics, /healthz and /readyz.
     pub listen: SocketAddr,
+    /// `http.liveness_timeout` (default 1m): /healthz answers 503 once a
+    /// consumer loop or the store watch has not gone round for this long
+    /// (idle and paused loops still beat; see `liveness`).
+    #[serde(with = "humantime_serde")]
+    pub liveness_timeout: Duration,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            liveness_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+impl HttpSettings {
+    /// A liveness timeout must leave a waiting loop several beats.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.liveness_timeout < Duration::from_secs(1) {
+            return Err(ConfigError::new(
+                "http.liveness_timeout",
+                format!(
+                    "{} is too short: loops beat every {}ms, and 0 would fail /healthz at once",
+                    humantime::format_duration(self.liveness_timeout),
+                    crate::liveness::BEAT_EVERY.as_millis()
+                ),
+                "use at least 1s; the default is 1m",
+            ));
+        }
+        Ok(())
     }
 }
 

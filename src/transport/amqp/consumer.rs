@@ -11,6 +11,7 @@ use crate::backoff;
 use crate::broker::amqp::Publisher;
 use crate::config::AmqpSettings;
 use crate::engine::{Decision, Incoming, Pipeline};
+use crate::liveness::Heartbeat;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
@@ -88,7 +89,14 @@ impl Worker {
     /// Runs until `stop` or until a batch or the channel fails. Batches in
     /// hand then get `amqp.drain_timeout` to finish; the rest are dropped
     /// unacked and come back.
-    pub(super) async fn run(mut self, stop: CancellationToken) -> Result<(), AmqpError> {
+    ///
+    /// `heartbeat` beats every round and through each wait (for deliveries,
+    /// for a permit while batches run, for the batches themselves).
+    pub(super) async fn run(
+        mut self,
+        stop: CancellationToken,
+        heartbeat: Heartbeat,
+    ) -> Result<(), AmqpError> {
         let settings = self.shared.settings.clone();
         // Fires on `stop` or on the first failed batch.
         let halt = stop.child_token();
@@ -96,16 +104,20 @@ impl Worker {
         let permits = Arc::new(Semaphore::new(settings.max_batches_in_flight));
         let mut tasks = JoinSet::new();
         loop {
+            heartbeat.beat();
             if self.cautious
                 && self.shared.acked.load(Ordering::Relaxed) >= settings.cautious_acks as usize
             {
-                while tasks.join_next().await.is_some() {}
-                match self.leave_caution().await {
+                heartbeat
+                    .waiting(async { while tasks.join_next().await.is_some() {} })
+                    .await;
+                match heartbeat.waiting(self.leave_caution()).await {
                     // Delivered to the cautious consumer before its cancel:
                     // first in the queue's order, so handled before any
                     // delivery of the new consumer.
                     Ok(left) if !left.is_empty() => {
-                        if let Err(e) = self.shared.handle(left, &halt).await {
+                        let handled = heartbeat.waiting(self.shared.handle(left, &halt)).await;
+                        if let Err(e) = handled {
                             record(&failure, e);
                             break;
                         }
@@ -119,29 +131,31 @@ impl Worker {
             }
             // Waiting for a permit or for the first delivery takes nothing,
             // so being halted there loses nothing.
-            let permit = tokio::select! {
-                biased;
-                _ = halt.cancelled() => break,
-                permit = permits.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-            };
+            let permit = heartbeat
+                .waiting(async {
+                    tokio::select! {
+                        biased;
+                        _ = halt.cancelled() => None,
+                        permit = permits.clone().acquire_owned() => permit.ok(),
+                    }
+                })
+                .await;
+            let Some(permit) = permit else { break };
             let max = if self.cautious {
                 1
             } else {
                 usize::from(settings.prefetch)
             };
-            let deliveries =
-                match next_batch(&mut self.consumer, max, settings.batch_linger, &halt).await {
-                    Next::Batch(d) => d,
-                    Next::Stopped => break,
-                    Next::Ended(source) => {
-                        let queue = self.shared.queue.clone();
-                        record(&failure, AmqpError::ConsumerEnded { queue, source });
-                        break;
-                    }
-                };
+            let next = next_batch(&mut self.consumer, max, settings.batch_linger, &halt);
+            let deliveries = match heartbeat.waiting(next).await {
+                Next::Batch(d) => d,
+                Next::Stopped => break,
+                Next::Ended(source) => {
+                    let queue = self.shared.queue.clone();
+                    record(&failure, AmqpError::ConsumerEnded { queue, source });
+                    break;
+                }
+            };
             let (shared, halt, failure) = (self.shared.clone(), halt.clone(), failure.clone());
             tasks.spawn(async move {
                 if let Err(e) = shared.handle(deliveries, &halt).await {
@@ -152,6 +166,8 @@ impl Worker {
             });
             while tasks.try_join_next().is_some() {}
         }
+        // The drain is bounded by amqp.drain_timeout, not watched.
+        drop(heartbeat);
         let drained = tokio::time::timeout(settings.drain_timeout, async {
             while let Some(done) = tasks.join_next().await {
                 if let Err(e) = done {

@@ -158,8 +158,12 @@ impl Session {
         // is gone).
         let stop = shutdown.child_token();
         let mut tasks = JoinSet::new();
-        for worker in workers {
-            tasks.spawn(worker.run(stop.clone()));
+        for (worker, queue) in workers.into_iter().zip(&self.settings.queues) {
+            let heartbeat = self
+                .health
+                .liveness()
+                .register(format!("amqp consumer {queue}"));
+            tasks.spawn(worker.run(stop.clone(), heartbeat));
         }
         let mut first_error = None;
         loop {

@@ -12,6 +12,7 @@ use super::message::Held;
 use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
 use crate::health::{Component, Health};
+use crate::liveness::BEAT_EVERY;
 use crate::message::Transport;
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -82,7 +83,13 @@ impl Pump {
         let consumer = self.consumer.clone();
         let mut commit_tick = tokio::time::interval(self.settings.commit_interval);
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Every wait below is in the select, so the loop goes round at least
+        // every beat, idle or paused; only a loop stuck elsewhere goes silent.
+        let heartbeat = self.health.liveness().register("kafka consumer");
+        let mut beat_tick = tokio::time::interval(BEAT_EVERY);
+        beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            heartbeat.beat();
             let wake = self.next_wake();
             let take = self.lanes.backlog(Instant::now()) < self.high_water;
             tokio::select! {
@@ -102,12 +109,15 @@ impl Pump {
                     self.commit(CommitMode::Async);
                     self.report_stalls();
                 }
+                _ = beat_tick.tick() => {}
             }
             if self.commit_due.is_some_and(|t| t <= Instant::now()) {
                 self.commit(CommitMode::Async);
             }
             self.dispatch();
         }
+        // The drain is bounded by kafka.drain_timeout, not watched.
+        drop(heartbeat);
         self.drain().await
     }
 

@@ -2,10 +2,11 @@
 //! SASL_SSL, RabbitMQ over TLS, PostgreSQL with verify-full; instances
 //! started together, a runtime role without DDL rights, probes while
 //! PostgreSQL is away; schema names; secrets kept out of output and logs;
-//! the Kubernetes manifests.
+//! the Kubernetes manifests and the Helm chart.
 
 mod amqp_tls;
 mod architecture;
+mod chart;
 mod kafka_sasl;
 mod manifests;
 mod payment_safe;

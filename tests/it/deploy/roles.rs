@@ -70,6 +70,7 @@ fn settings(url: String, schema: &str, migrate: MigrateMode) -> Settings {
         },
         http: HttpSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpSettings::default()
         },
         ..Settings::default()
     }

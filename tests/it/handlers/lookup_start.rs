@@ -15,6 +15,7 @@ fn settings(store: StoreSettings, provider: &Provider, lookup_url: String) -> Se
         store,
         http: HttpSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpSettings::default()
         },
         handler: HandlerSettings {
             url: provider.charges_url(),

@@ -6,7 +6,8 @@
 //!   `$__rate_interval` = 30s) is accepted by Prometheus and returns at
 //!   least one series;
 //! * every alert expression is accepted; it is made of lines
-//!   `<signal> <comparison> <number>` joined by `and` lines, and each signal
+//!   `<signal> <comparison> <number>` (or `absent(` that `)`) joined by
+//!   `and` lines, and each signal
 //!   alone returns at least one series (counters and gauges exist at 0 from
 //!   start-up), so a misspelt metric or label cannot hide behind a
 //!   threshold that is never crossed;
@@ -56,7 +57,14 @@ fn alert_exprs() -> Vec<(String, String, Vec<String>)> {
                 .lines()
                 .filter(|l| l.trim() != "and")
                 .map(|part| {
-                    let mut words = part.trim().rsplitn(3, ' ');
+                    // `absent(x)` fires when x has no series; x has the
+                    // same shape, and its signal must return series.
+                    let part = part.trim();
+                    let part = part
+                        .strip_prefix("absent(")
+                        .and_then(|p| p.strip_suffix(')'))
+                        .unwrap_or(part);
+                    let mut words = part.rsplitn(3, ' ');
                     let (number, op, signal) = (words.next(), words.next(), words.next());
                     assert!(
                         number.is_some_and(|n| n.parse::<f64>().is_ok())

@@ -1,6 +1,7 @@
 //! The alert rules, their runbook sections in docs/runbook.md and their panels
 //! on the dashboard belong together; the dashboard does not over-count
-//! table-wide gauges across replicas.
+//! table-wide gauges across replicas. Their labels and runbook_url follow
+//! kube-prometheus's conventions (tests/it/observability/alert_conventions.rs).
 
 use std::path::Path;
 
@@ -44,15 +45,6 @@ fn every_alert_has_a_runbook_section_that_says_what_to_check_and_which_command_f
         assert!(
             fix.contains("`dedupq "),
             "{name}: the fix names a dedupq command"
-        );
-        assert_eq!(
-            rule["annotations"]["runbook"].as_str(),
-            Some(format!("docs/runbook.md#{}", name.to_lowercase()).as_str()),
-            "{name}: the runbook annotation links its section"
-        );
-        assert!(
-            rule["labels"]["severity"].as_str().is_some(),
-            "{name}: severity"
         );
     }
 }

@@ -11,6 +11,7 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
         store: store_settings,
         http: HttpSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpSettings::default()
         },
         ..Settings::default()
     };
