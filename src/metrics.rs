@@ -70,7 +70,7 @@ pub struct Inner {
     pub replies_failed: IntCounterVec,
     /// `dedupq_handler_faults_total{reason}`: handler answers that point at
     /// dedupq's configuration, not at the payment (unauthorized, forbidden,
-    /// not_found, method_not_allowed, redirect, other).
+    /// not_found, method_not_allowed, redirect, tls, other).
     pub handler_faults: IntCounterVec,
     /// `dedupq_handler_paused`: 1 while intake is paused because the
     /// provider is in an outage (failures across different keys, or a 429
@@ -109,7 +109,8 @@ pub const DEAD_LETTER_REASONS: [&str; 14] = [
 ];
 
 /// Every reason a handler answer is counted as a configuration fault.
-pub const HANDLER_FAULT_REASONS: [&str; 6] = [
+pub const HANDLER_FAULT_REASONS: [&str; 7] = [
+    "tls",
     "unauthorized",
     "forbidden",
     "not_found",
@@ -259,7 +260,7 @@ impl Metrics {
             handler_faults: register!(IntCounterVec::new(
                 Opts::new(
                     "dedupq_handler_faults_total",
-                    "Handler answers caused by configuration (401, 403, 404, 405, redirects), retried"
+                    "Handler answers caused by configuration (401, 403, 404, 405, redirects, a refused TLS handshake), retried"
                 ),
                 &["reason"]
             )),

@@ -14,6 +14,7 @@
 //! drop the body) and, like 401/403/404/405, mean dedupq is misconfigured:
 //! a fault, never the payment's outcome.
 
+use super::client::SharedClient;
 use super::lookup::Lookup;
 use super::{FaultReason, Handler, HandlerCall, HandlerOutcome, HandlerResult};
 use crate::config::{HandlerRoute, HandlerSettings};
@@ -63,7 +64,7 @@ pub(super) mod header {
 /// derived key settles the key as done without sending it again (see
 /// `handler/lookup.rs`).
 pub struct HttpHandler {
-    pub(super) client: reqwest::Client,
+    pub(super) client: SharedClient,
     pub(super) url: reqwest::Url,
     pub(super) routes: Vec<(HandlerRoute, reqwest::Url)>,
     pub(super) lookup: Option<Lookup>,
@@ -161,40 +162,7 @@ impl HttpHandler {
                     .map_err(|_| config("pass_headers", format!("'{n}' is not a header name")))
             })
             .collect::<Result<_, _>>()?;
-        let mut builder = reqwest::Client::builder()
-            // A redirect is a misconfiguration, and following it would turn
-            // the charge into a GET without its body.
-            .redirect(reqwest::redirect::Policy::none())
-            // Refused or unreachable is told apart from a slow provider:
-            // connecting is bounded on its own, well inside the timeout.
-            .connect_timeout(s.timeout.min(Duration::from_secs(2)))
-            // Keep connections warm for the next messages of the batch.
-            .pool_max_idle_per_host(64)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true);
-        if let Some(path) = &s.ca_file {
-            let pem = std::fs::read(path)
-                .map_err(|e| config("ca_file", format!("reading {}: {e}", path.display())))?;
-            let ca = reqwest::Certificate::from_pem(&pem)
-                .map_err(|_| config("ca_file", "is not a PEM certificate"))?;
-            builder = builder.add_root_certificate(ca);
-        }
-        if let Some(path) = &s.client_identity_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                config(
-                    "client_identity_file",
-                    format!("reading {}: {e}", path.display()),
-                )
-            })?;
-            let identity = reqwest::Identity::from_pem(&pem).map_err(|_| {
-                config(
-                    "client_identity_file",
-                    "must hold a PEM certificate and its private key",
-                )
-            })?;
-            builder = builder.identity(identity);
-        }
-        let client = builder.build().map_err(HttpHandlerError::Client)?;
+        let client = SharedClient::new(s)?;
         let lookup = Lookup::new(s, &client, &static_headers);
         Ok(Self {
             client,
@@ -208,6 +176,13 @@ impl HttpHandler {
             fault_statuses: s.fault_statuses.clone(),
             max_response_bytes: s.max_response_bytes,
         })
+    }
+
+    /// Reads `handler.ca_file` and `handler.client_identity_file` again
+    /// when they change (checked every 2 s, and on SIGHUP), for as long as
+    /// this handler lives: a rotated certificate needs no restart.
+    pub fn watch_tls_files(&self) {
+        self.client.watch();
     }
 
     fn target(&self, call: &HandlerCall<'_>) -> &reqwest::Url {
@@ -357,6 +332,7 @@ impl Handler for HttpHandler {
         }
         let sent = self
             .client
+            .get()
             .post(self.target(call).clone())
             .timeout(self.timeout)
             .headers(self.request_headers(call))
@@ -366,6 +342,20 @@ impl Handler for HttpHandler {
         let response = match sent {
             Ok(r) => r,
             // The error text never carries the URL: it may hold credentials.
+            // A refused handshake is configuration (a CA or client
+            // certificate to rotate), not the provider being away: it uses
+            // no attempt and waits for the fix.
+            Err(e) if e.is_connect() && tls_refused(&e) => {
+                return HandlerOutcome::Fault {
+                    status: None,
+                    reason: FaultReason::Tls,
+                    error: format!(
+                        "the TLS handshake with the provider failed (handler.ca_file, \
+                         handler.client_identity_file): {}",
+                        crate::telemetry::chain(&e.without_url())
+                    ),
+                }
+            }
             Err(e) if e.is_connect() => {
                 return HandlerOutcome::Transient {
                     status: None,
@@ -398,6 +388,28 @@ impl Handler for HttpHandler {
             },
         }
     }
+}
+
+/// Whether a connection failed in its TLS handshake (rustls refused the
+/// provider's certificate, or the provider sent an alert refusing ours),
+/// not on the network.
+fn tls_refused(e: &reqwest::Error) -> bool {
+    use tokio_rustls::rustls;
+    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = link {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        // An io::Error hides the error it wraps from `source()` (and the
+        // connector wraps rustls's error in two of them).
+        link = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    false
 }
 
 /// `Retry-After` as delta-seconds or an HTTP date; None if absent or

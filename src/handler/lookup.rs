@@ -15,6 +15,7 @@
 //! dedupq refuses to start. A lookup that cannot be reached then does not
 //! stop start-up: the provider may be down for a moment.
 
+use super::client::SharedClient;
 use super::{HandlerCall, HandlerOutcome, HandlerResult, HttpHandler, HttpHandlerError};
 use crate::config::HandlerSettings;
 use reqwest::header::{HeaderMap, CONTENT_TYPE};
@@ -25,7 +26,7 @@ use std::time::Duration;
 /// The lookup of `handler.lookup_url`, asked through the handler's own
 /// client (its TLS settings and pool) with its static headers.
 pub(super) struct Lookup {
-    client: reqwest::Client,
+    client: SharedClient,
     template: String,
     timeout: Duration,
     headers: HeaderMap,
@@ -36,7 +37,7 @@ impl Lookup {
     /// None while `handler.lookup_url` is not set.
     pub(super) fn new(
         s: &HandlerSettings,
-        client: &reqwest::Client,
+        client: &SharedClient,
         headers: &HeaderMap,
     ) -> Option<Self> {
         Some(Self {
@@ -110,6 +111,7 @@ impl Lookup {
     async fn get(&self, key: &str) -> reqwest::Result<Response> {
         let encoded: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
         self.client
+            .get()
             .get(self.template.replace("{derived_key}", &encoded))
             .timeout(self.timeout)
             .headers(self.headers.clone())

@@ -117,7 +117,8 @@ pub enum HandlerOutcome {
         error: String,
     },
     /// The answer says dedupq is misconfigured (a 401 after a key rotation,
-    /// a 404 from a mistyped URL, a redirect): not the payment's outcome.
+    /// a 404 from a mistyped URL, a redirect, a certificate the provider
+    /// and dedupq do not agree on): not the payment's outcome.
     /// Never stored; retried with backoff without using up an attempt;
     /// counted and reported on /readyz.
     Fault {
@@ -158,13 +159,19 @@ pub enum FaultReason {
     MethodNotAllowed,
     /// Any 3xx: the URL moved (redirects are never followed).
     Redirect,
+    /// The TLS handshake was refused: the provider's certificate is not
+    /// signed by a trusted CA (`handler.ca_file`), has expired or names
+    /// another host, or the provider refused dedupq's client certificate
+    /// (`handler.client_identity_file`). Nothing was sent.
+    Tls,
     /// Another status listed in `handler.fault_statuses`.
     Other,
 }
 
 impl FaultReason {
     /// Every reason: the label values of `dedupq_handler_faults_total`.
-    pub const ALL: [FaultReason; 6] = [
+    pub const ALL: [FaultReason; 7] = [
+        FaultReason::Tls,
         FaultReason::Unauthorized,
         FaultReason::Forbidden,
         FaultReason::NotFound,
@@ -181,6 +188,7 @@ impl FaultReason {
             FaultReason::NotFound => "not_found",
             FaultReason::MethodNotAllowed => "method_not_allowed",
             FaultReason::Redirect => "redirect",
+            FaultReason::Tls => "tls",
             FaultReason::Other => "other",
         }
     }
@@ -264,6 +272,7 @@ pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, call: &HandlerCall<'_>) -> HandlerOutcome;
 }
 
+mod client;
 mod http;
 mod lookup;
 mod reach;
@@ -289,6 +298,7 @@ pub async fn from_settings(
         HandlerKind::Http | HandlerKind::Payment => {
             let handler = HttpHandler::new(settings)?;
             handler.check_lookup().await?;
+            handler.watch_tls_files();
             Ok(Arc::new(handler))
         }
     }

@@ -36,6 +36,7 @@ impl HttpHandler {
         for (setting, url) in targets {
             let answer = self
                 .client
+                .get()
                 .head(url.clone())
                 .timeout(self.timeout)
                 .headers(self.static_headers.clone())

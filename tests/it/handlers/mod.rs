@@ -17,6 +17,7 @@ mod simulator_bodies;
 mod simulator_ledger;
 mod simulator_running;
 mod simulator_start;
+mod tls_rotation;
 mod tls_target;
 mod unknown_outcomes;
 

@@ -179,6 +179,8 @@ pub struct Target {
     pub base: String,
     log: Log,
     stop: CancellationToken,
+    /// The certificates new connections are served with.
+    acceptor: Arc<Mutex<TlsAcceptor>>,
 }
 
 async fn record(
@@ -209,11 +211,32 @@ async fn record(
 
 impl Target {
     pub async fn start(certs: &Certs) -> Self {
+        Self::serve(certs, true).await
+    }
+
+    /// A target that closes every connection after its answer, so each
+    /// request makes a new TLS handshake (and meets the certificates of
+    /// the last `rotate`).
+    pub async fn start_closing(certs: &Certs) -> Self {
+        Self::serve(certs, false).await
+    }
+
+    /// New connections are served with `certs` (its server certificate,
+    /// and only client certificates of its CA), as a provider that moved
+    /// to a new CA.
+    pub fn rotate(&self, certs: &Certs) {
+        *self.acceptor.lock().unwrap() = TlsAcceptor::from(Arc::new(certs.server_config()));
+    }
+
+    async fn serve(certs: &Certs, keep_alive: bool) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind target");
         let base = format!("https://{}", listener.local_addr().unwrap());
-        let acceptor = TlsAcceptor::from(Arc::new(certs.server_config()));
+        let acceptor = Arc::new(Mutex::new(TlsAcceptor::from(Arc::new(
+            certs.server_config(),
+        ))));
+        let current = acceptor.clone();
         let log = Log::default();
         let app = Router::new().fallback(record).with_state(log.clone());
         let stop = CancellationToken::new();
@@ -227,7 +250,7 @@ impl Target {
                         Err(_) => continue,
                     },
                 };
-                let (acceptor, app) = (acceptor.clone(), app.clone());
+                let (acceptor, app) = (current.lock().unwrap().clone(), app.clone());
                 tokio::spawn(async move {
                     // A client without a certificate of the CA ends here.
                     let Ok(tls) = acceptor.accept(tcp).await else {
@@ -235,12 +258,18 @@ impl Target {
                     };
                     let service = hyper_util::service::TowerToHyperService::new(app);
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(keep_alive)
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
                         .await;
                 });
             }
         });
-        Self { base, log, stop }
+        Self {
+            base,
+            log,
+            stop,
+            acceptor,
+        }
     }
 
     pub fn received(&self) -> Vec<Received> {
