@@ -40,8 +40,8 @@ fn config(setting: &'static str, problem: impl Into<String>) -> HttpHandlerError
 }
 
 impl Recipe {
-    /// The TLS files' bytes, each read once.
-    fn read(&self) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), HttpHandlerError> {
+    /// The TLS files' bytes (the CA, the client identity), each read once.
+    fn read(&self) -> Result<[Option<Vec<u8>>; 2], HttpHandlerError> {
         let read = |setting: &'static str, path: &Option<PathBuf>| {
             path.as_ref()
                 .map(|p| {
@@ -50,14 +50,14 @@ impl Recipe {
                 })
                 .transpose()
         };
-        Ok((
+        Ok([
             read("ca_file", &self.ca_file)?,
             read("client_identity_file", &self.client_identity_file)?,
-        ))
+        ])
     }
 
     fn build(&self) -> Result<(reqwest::Client, [u8; 32]), HttpHandlerError> {
-        let (ca, identity) = self.read()?;
+        let [ca, identity] = self.read()?;
         let mut digest = Sha256::new();
         let mut builder = reqwest::Client::builder()
             // A redirect is a misconfiguration, and following it would turn
