@@ -180,7 +180,7 @@ impl Application {
                 shutdown.clone(),
             );
             tasks.spawn(async move {
-                transport::kafka::run(k, e, h, s)
+                transport::kafka::run_reloading(k, e, h, s)
                     .await
                     .context("kafka consumer")
             });

@@ -14,12 +14,14 @@ mod message;
 mod offsets;
 mod outbox;
 mod queue;
+mod reload;
 mod replay;
 mod reply;
 
 pub use crate::config::KafkaSettings;
 pub use admin::{cluster, produced_topics, topic_replays, Cluster};
 pub use error::{KafkaError, ProduceError};
+pub use reload::run_reloading;
 pub use replay::{CheckInterval, Replay};
 
 use crate::broker::{self, kafka::Producing};

@@ -7,6 +7,7 @@
 mod amqp_tls;
 mod architecture;
 mod chart;
+mod kafka_rotation;
 mod kafka_sasl;
 mod manifests;
 mod payment_safe;
