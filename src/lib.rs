@@ -104,4 +104,5 @@ pub mod transport;
 
 mod backoff;
 mod maintenance;
+mod recheck;
 mod server;

@@ -12,9 +12,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-/// How often the TLS files are compared with what was read last.
-const CHECK_EVERY: Duration = Duration::from_secs(2);
-
 /// What the client is built from.
 #[derive(Clone)]
 struct Recipe {
@@ -128,7 +125,7 @@ impl SharedClient {
         Ok(true)
     }
 
-    /// Watches the TLS files (every [`CHECK_EVERY`] and on SIGHUP) for as
+    /// Watches the TLS files (see `recheck`: every 2 s and on SIGHUP) for as
     /// long as the handler lives; nothing to watch without them.
     pub(super) fn watch(&self) {
         let recipe = &self.0.recipe;
@@ -141,20 +138,9 @@ impl SharedClient {
 }
 
 async fn watch(weak: Weak<Inner>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = signal(SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recheck = crate::recheck::Recheck::new();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            Some(()) = async {
-                match hangup.as_mut() {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {}
-        }
+        recheck.next().await;
         let Some(inner) = weak.upgrade() else { return };
         match SharedClient(inner).reload() {
             Ok(true) => tracing::info!(

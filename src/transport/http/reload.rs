@@ -8,11 +8,7 @@ use crate::config::ConfigError;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// How often credential files are compared with what was read last.
-pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 type Parse<T> = Box<dyn Fn(&Path, &str) -> Result<T, ConfigError> + Send + Sync>;
 
@@ -106,29 +102,16 @@ fn read(setting: &str, path: &Path) -> Result<String, ConfigError> {
     })
 }
 
-/// Calls `reload` every [`CHECK_EVERY`] and on each SIGHUP, until
+/// Calls `reload` on the `recheck` schedule (every 2 s, and on each SIGHUP), until
 /// `shutdown`.
 pub(super) async fn watch(reload: impl Fn() + Send + 'static, shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "SIGHUP cannot be watched; credential files are still checked every {CHECK_EVERY:?}");
-            None
-        }
-    };
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recheck = crate::recheck::Recheck::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-            Some(()) = async {
-                match hangup.as_mut() {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => tracing::info!("SIGHUP: reading credential files again"),
+            hangup = recheck.next() => if hangup {
+                tracing::info!("SIGHUP: reading credential files again");
+            },
         }
         reload();
     }

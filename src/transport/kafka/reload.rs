@@ -14,11 +14,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// How often the files are compared with what the consumer was built from.
-const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// [`run`], restarted whenever a TLS or SASL file it was built from
 /// changes, until `shutdown`.
@@ -105,20 +101,11 @@ async fn watch(
     round: CancellationToken,
     reloading: Arc<AtomicBool>,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = signal(SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recheck = crate::recheck::Recheck::new();
     loop {
         tokio::select! {
             _ = round.cancelled() => return,
-            _ = tick.tick() => {}
-            Some(()) = async {
-                match hangup.as_mut() {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {}
+            _ = recheck.next() => {}
         }
         let readable = files.iter().all(|f| std::fs::metadata(f).is_ok());
         if readable && digest(&files) != built_from {
