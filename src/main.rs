@@ -62,7 +62,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 .run_until_stopped()
                 .await?
         }
-        Command::Migrate { check } => run_migrate(check, &settings).await?,
+        Command::Migrate { check, partitions } => run_migrate(check, partitions, settings).await?,
         Command::Config => println!("{}", toml::to_string_pretty(&settings.redacted())?),
         Command::Check { .. } => unreachable!("run by preflight"),
         Command::Keys { command } => run_keys(&settings, command, &mut std::io::stdout()).await?,
@@ -71,7 +71,15 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_migrate(check: bool, settings: &Settings) -> anyhow::Result<()> {
+async fn run_migrate(
+    check: bool,
+    partitions: Option<u32>,
+    mut settings: Settings,
+) -> anyhow::Result<()> {
+    if let Some(n) = partitions {
+        settings.store.partitions = n;
+        settings.store.validate()?;
+    }
     let store = Store::connect_lazy(&settings.store)?;
     let schema = settings.store.schema.as_deref();
     if check {

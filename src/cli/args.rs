@@ -29,6 +29,10 @@ pub enum Command {
         /// Only report pending migrations; exit 1 if there are any.
         #[arg(long)]
         check: bool,
+        /// Partitions of the key table when this run partitions it (1..1024;
+        /// default `store.partitions`, 16). Ignored once it is partitioned.
+        #[arg(long, value_name = "N")]
+        partitions: Option<u32>,
     },
     /// Print the effective configuration (secrets hidden) and exit.
     Config,

@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The key table's partitions unless `store.partitions` says otherwise.
+const DEFAULT_PARTITIONS: u32 = 16;
+
+/// The most partitions migration 0005 creates.
+const MAX_PARTITIONS: u32 = 1024;
+
 /// PostgreSQL's identifier limit (NAMEDATALEN - 1).
 const MAX_SCHEMA_LEN: usize = 63;
 
@@ -64,6 +70,14 @@ pub struct StoreSettings {
     /// again; the rest of its batch goes on.
     #[serde(with = "humantime_serde")]
     pub lock_timeout: Duration,
+    /// `store.partitions` (default 16, 1..1024): how many hash partitions
+    /// of (tenant, key) the migration that partitions the key table
+    /// (0005) creates. Each claim descends one partition's primary-key
+    /// index, a fraction of the whole table's, so a table of millions of
+    /// keys stays nearly as fast as an empty one. Read only when that
+    /// migration runs: changing it afterwards does nothing (the partitions
+    /// exist). `dedupq migrate --partitions N` overrides it.
+    pub partitions: u32,
 }
 
 impl Default for StoreSettings {
@@ -76,6 +90,7 @@ impl Default for StoreSettings {
             max_connections: 8,
             acquire_timeout: Duration::from_secs(3),
             lock_timeout: Duration::from_secs(1),
+            partitions: DEFAULT_PARTITIONS,
         }
     }
 }
@@ -107,6 +122,7 @@ impl StoreSettings {
                 "set it to about 1s",
             ));
         }
+        check_partitions(self.partitions)?;
         if let Some(schema) = &self.schema {
             check_schema_name(schema).map_err(|problem| {
                 ConfigError::new(
@@ -119,6 +135,20 @@ impl StoreSettings {
         }
         Ok(())
     }
+}
+
+/// `store.partitions` (or `dedupq migrate --partitions`): 1 to 1024.
+fn check_partitions(partitions: u32) -> Result<(), ConfigError> {
+    if partitions == 0 || partitions > MAX_PARTITIONS {
+        return Err(ConfigError::new(
+            "store.partitions",
+            format!(
+                "{partitions} is not a partition count the key table takes (1..{MAX_PARTITIONS})"
+            ),
+            "leave it at 16, or set it to 1..1024 before the first migrate",
+        ));
+    }
+    Ok(())
 }
 
 /// A schema name dedupq accepts: a plain identifier of at most 63 bytes.
@@ -155,6 +185,17 @@ mod tests {
     fn plain_and_mixed_case_schema_names_are_accepted() {
         for ok in ["dedupq", "Payments_EU", "_t1", &"a".repeat(63)] {
             assert_eq!(check_schema_name(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn partition_counts_outside_one_to_1024_are_refused_naming_the_setting() {
+        for ok in [1, 16, 1024] {
+            assert!(check_partitions(ok).is_ok(), "{ok}");
+        }
+        for bad in [0, 1025] {
+            let e = check_partitions(bad).unwrap_err().to_string();
+            assert!(e.contains("store.partitions"), "{e}");
         }
     }
 

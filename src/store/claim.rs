@@ -30,6 +30,11 @@ use std::time::Duration;
 /// last attempt never wrote one (its worker died mid-call), marks the key
 /// uncertain: only a settling answer may end it.
 ///
+/// A row it inserted is told from one it took over by its epoch: an
+/// insert writes epoch 1 and a takeover the stored epoch plus one, and no
+/// other statement changes it. (`xmax = 0`, the usual test, is a system
+/// column, which RETURNING of a partitioned table cannot read.)
+///
 /// Whether a lease is over, and how long it has left, is PostgreSQL's
 /// answer (`lease_over`, `lease_left` in seconds): the worker's clock may
 /// be off.
@@ -70,12 +75,12 @@ claimed AS (
                AND ((k.fingerprint_version <> 1)
                     OR (k.fingerprint = (SELECT l.legacy FROM input l
                                          WHERE l.tenant = k.tenant AND l.key = k.key)))))
-    RETURNING k.tenant, k.key, k.epoch, k.attempts, (xmax = 0) AS inserted,
+    RETURNING k.tenant, k.key, k.epoch, k.attempts, (k.epoch = 1) AS inserted,
               (k.uncertain_since IS NOT NULL) AS uncertain,
-              CASE WHEN xmax = 0 THEN NULL ELSE k.request_body END AS stored_body,
-              CASE WHEN xmax = 0 THEN NULL ELSE k.request_content_type END AS stored_content_type,
-              CASE WHEN xmax = 0 THEN NULL ELSE k.derived_key END AS stored_derived_key,
-              CASE WHEN xmax = 0 THEN 0
+              CASE WHEN k.epoch = 1 THEN NULL ELSE k.request_body END AS stored_body,
+              CASE WHEN k.epoch = 1 THEN NULL ELSE k.request_content_type END AS stored_content_type,
+              CASE WHEN k.epoch = 1 THEN NULL ELSE k.derived_key END AS stored_derived_key,
+              CASE WHEN k.epoch = 1 THEN 0
                    ELSE extract(epoch FROM (now() - k.created_at)) END::float8 AS age
 ),
 unclaimed AS MATERIALIZED (

@@ -15,6 +15,9 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 pub struct Store {
     pool: PgPool,
     guard: Arc<Guard>,
+    /// How many partitions a migration that creates the key table's gives
+    /// it (`store.partitions`).
+    partitions: u32,
 }
 
 /// What keeps the pool useful while PostgreSQL misbehaves.
@@ -102,7 +105,11 @@ impl Store {
                 Box::pin(async move { Ok(keep) })
             })
             .connect_lazy_with(options);
-        Ok(Self { pool, guard })
+        Ok(Self {
+            pool,
+            guard,
+            partitions: settings.partitions,
+        })
     }
 
     /// A store over a pool built elsewhere, taken as it is (none of the
@@ -110,7 +117,24 @@ impl Store {
     /// of its connections free).
     pub fn from_pool(pool: PgPool) -> Self {
         let guard = Guard::new(pool.options().get_max_connections());
-        Self { pool, guard }
+        Self {
+            pool,
+            guard,
+            partitions: StoreSettings::default().partitions,
+        }
+    }
+
+    /// The same store, migrating to `partitions` partitions of the key
+    /// table (see `store.partitions`).
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// How many partitions a migration creating the partitioned key table
+    /// gives it.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
     }
 
     /// How many claim statements may run at once: the pool's connections

@@ -63,7 +63,7 @@ impl Store {
             .bind(MIGRATE_LOCK)
             .execute(&mut *conn)
             .await?;
-        let result = migrate_locked(&mut conn, schema).await;
+        let result = migrate_locked(&mut conn, schema, self.partitions()).await;
         release(conn, result.is_ok()).await;
         result
     }
@@ -88,11 +88,20 @@ impl Store {
     }
 }
 
-async fn migrate_locked(conn: &mut PgConnection, schema: Option<&str>) -> Result<(), StoreError> {
+async fn migrate_locked(
+    conn: &mut PgConnection,
+    schema: Option<&str>,
+    partitions: u32,
+) -> Result<(), StoreError> {
     let pending = pending_on(conn, schema).await?;
     if pending.is_empty() {
         return Ok(());
     }
+    // Read by 0005, which partitions the key table; for this session only.
+    sqlx::query("SELECT set_config('dedupq.partitions', $1, false)")
+        .bind(partitions.to_string())
+        .execute(&mut *conn)
+        .await?;
     if let Some(schema) = schema {
         // The name is a checked plain identifier (see connect_lazy).
         let sql = format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"");
@@ -131,7 +140,9 @@ async fn release(mut conn: PoolConnection<Postgres>, ok: bool) {
             .bind(MIGRATE_LOCK)
             .execute(&mut *conn)
             .await;
-        let reset = sqlx::query("RESET lock_timeout").execute(&mut *conn).await;
+        let reset = conn
+            .execute("RESET lock_timeout; RESET dedupq.partitions")
+            .await;
         if unlocked.is_ok() && reset.is_ok() {
             return;
         }

@@ -25,11 +25,16 @@ FROM generate_series(1::bigint, $1::bigint) AS g,
      LATERAL (SELECT now() - interval '1 day' + g * (interval '1 day' / $1)) AS c(t)
 "#;
 
-/// The key table's fill factor as the migrations set it.
-const FILLFACTOR_SQL: &str = r#"
-SELECT coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions)
+/// The key table's partitions (its hash partitions, or the table itself
+/// before it was partitioned) and the fill factor each has as the
+/// migrations set it.
+const PARTS_SQL: &str = r#"
+SELECT c.oid::regclass::text,
+       coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions)
                  WHERE option_name = 'fillfactor'), '100')
-FROM pg_class c WHERE c.oid = 'dedupq_keys'::regclass
+FROM pg_class c
+WHERE c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'dedupq_keys'::regclass)
+   OR (c.oid = 'dedupq_keys'::regclass AND c.relkind = 'r')
 "#;
 
 fn key_of(g: i64) -> String {
@@ -63,21 +68,24 @@ pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyho
     // Finished rows are never updated again: they are filled packed, not
     // with the room the table keeps for finishes (which would double the
     // disk it takes); claims of new keys go to new pages either way.
-    let fillfactor: String = sqlx::query_scalar(FILLFACTOR_SQL)
-        .fetch_one(store.pool())
-        .await?;
-    sqlx::query("ALTER TABLE dedupq_keys SET (fillfactor = 100)")
-        .execute(store.pool())
-        .await?;
+    // The fill factor is a partition's, not the partitioned table's.
+    let parts: Vec<(String, String)> = sqlx::query_as(PARTS_SQL).fetch_all(store.pool()).await?;
+    for (part, _) in &parts {
+        sqlx::query(&format!("ALTER TABLE {part} SET (fillfactor = 100)"))
+            .execute(store.pool())
+            .await?;
+    }
     sqlx::query(FILL_SQL)
         .bind(rows)
         .execute(store.pool())
         .await?;
-    let restore = format!(
-        "ALTER TABLE dedupq_keys SET (fillfactor = {})",
-        fillfactor.parse::<u8>()?
-    );
-    sqlx::query(&restore).execute(store.pool()).await?;
+    for (part, fillfactor) in &parts {
+        let restore = format!(
+            "ALTER TABLE {part} SET (fillfactor = {})",
+            fillfactor.parse::<u8>()?
+        );
+        sqlx::query(&restore).execute(store.pool()).await?;
+    }
     // Hint bits and the visibility map set now, not during the run.
     sqlx::query("VACUUM (ANALYZE) dedupq_keys")
         .execute(store.pool())

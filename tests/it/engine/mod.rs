@@ -8,6 +8,7 @@ mod fingerprint_versions;
 mod hot_finishes;
 mod invalid_input;
 mod odd_answers;
+mod partitions;
 mod renewal;
 mod retention;
 mod takeover;
