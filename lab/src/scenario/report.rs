@@ -439,7 +439,7 @@ impl fmt::Display for Report {
         for url in &self.metrics_urls {
             writeln!(
                 f,
-                "  metrics were served at {url} (Prometheus text; see README, Metrics)"
+                "  metrics were served at {url} (Prometheus text; see docs/metrics.md)"
             )?;
         }
         writeln!(f, "  (1) the attempt was killed after the provider charged, or got no answer; dedupq retried")?;
