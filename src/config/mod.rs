@@ -35,7 +35,7 @@ use std::time::Duration;
 
 /// The whole configuration, one field per TOML table. Built by
 /// [`Settings::load`]; `Settings::default()` holds every default of the
-/// reference in README.md.
+/// reference in docs/configuration.md.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -359,7 +359,7 @@ impl Settings {
                     &setting
                 },
                 e.kind.to_string(),
-                "see the configuration reference in README.md",
+                "see the configuration reference, docs/configuration.md",
             )
         })?;
         sources::resolve(&mut settings, std::env::vars())?;
