@@ -151,7 +151,7 @@ async fn each_missing_piece_fails_its_own_check_and_names_the_fix() {
     assert_fails(
         &report,
         "store.migrations",
-        &["4 pending", "dedupq migrate"],
+        &["pending: 0001 keys", "dedupq migrate"],
     );
     assert_fails(
         &report,

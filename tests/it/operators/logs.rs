@@ -7,9 +7,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Runs `command` until its output holds `needle`; returns the output.
-async fn output_until(mut command: Command, needle: &str) -> String {
+async fn output_until(mut command: Command, needle: &str, config: &std::path::Path) -> String {
     let log = std::env::temp_dir().join(support::unique("dedupq-log"));
     let file = std::fs::File::create(&log).unwrap();
+    // A group of its own: `script` runs dedupq as its child, and killing
+    // `script` alone would leave that dedupq running after the test.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .stdin(Stdio::null())
         .stdout(file.try_clone().unwrap())
@@ -21,8 +24,15 @@ async fn output_until(mut command: Command, needle: &str) -> String {
         text.contains(needle).then_some(text)
     })
     .await;
-    let _ = child.kill();
+    let group = format!("-{}", child.id());
+    let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
     let _ = child.wait();
+    // `script` starts its child in a session of its own: find it by the
+    // configuration file only this test uses.
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f"])
+        .arg(config)
+        .status();
     text
 }
 
@@ -84,7 +94,7 @@ async fn logs_are_coloured_on_a_terminal_and_plain_in_a_file() {
 
     let mut plain = Command::new(bin);
     plain.arg("--config").arg(&config).arg("run");
-    let in_file = output_until(plain, "dedupq running").await;
+    let in_file = output_until(plain, "dedupq running", &config).await;
     assert!(
         !in_file.contains('\u{1b}'),
         "no escapes in a file: {in_file:?}"
@@ -94,7 +104,7 @@ async fn logs_are_coloured_on_a_terminal_and_plain_in_a_file() {
     let mut tty = Command::new("script");
     let inner = format!("{bin} --config {} run", config.display());
     tty.args(["-qefc", &inner, "/dev/null"]);
-    let on_terminal = output_until(tty, "dedupq").await;
+    let on_terminal = output_until(tty, "dedupq", &config).await;
     assert!(
         on_terminal.contains("\u{1b}["),
         "colour on a terminal: {on_terminal:?}"
