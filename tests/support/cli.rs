@@ -118,3 +118,25 @@ fn ran(out: std::process::Output) -> Ran {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// `dedupq migrate [extra]` on `schema` as the role of `url`, configured by
+/// the environment only; stdout + stderr, as Err on failure.
+pub fn migrate(url: &str, schema: &str, extra: &[&str]) -> Result<String, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupq"))
+        .arg("migrate")
+        .args(extra)
+        .env("DEDUPQ__STORE__URL", url)
+        .env("DEDUPQ__STORE__SCHEMA", schema)
+        .output()
+        .expect("run dedupq migrate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}

@@ -7,7 +7,6 @@ use crate::support::{self, handlers::Recording, unique};
 use dedupq::config::{HttpSettings, MigrateMode, SecretUrl, Settings, StoreSettings};
 use dedupq::startup::Application;
 use sqlx::{Executor, PgPool};
-use std::process::Command;
 use std::sync::Arc;
 
 /// A login role with data rights only, on one schema.
@@ -80,27 +79,6 @@ async fn build(settings: Settings) -> anyhow::Result<Application> {
     Application::build_with_handler(settings, Arc::new(Recording::default())).await
 }
 
-/// `dedupq migrate [extra]` as the given role; stdout + stderr on failure.
-fn migrate_cli(url: &str, schema: &str, extra: &[&str]) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_dedupq"))
-        .arg("migrate")
-        .args(extra)
-        .env("DEDUPQ__STORE__URL", url)
-        .env("DEDUPQ__STORE__SCHEMA", schema)
-        .output()
-        .expect("run dedupq migrate");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
-}
-
 #[tokio::test]
 async fn a_runtime_role_without_ddl_rights_starts_and_processes_payments() {
     let (_, owner) = support::isolated_store().await;
@@ -154,12 +132,12 @@ async fn pending_migrations_stop_the_runtime_role_until_the_owner_runs_dedupq_mi
     assert!(check.contains("store.migrate = \"check\""), "{check}");
     assert!(check.contains("0001 keys"), "{check}");
     assert!(check.contains("dedupq migrate"), "{check}");
-    let behind = migrate_cli(&role.url(), &schema, &["--check"]).unwrap_err();
+    let behind = support::cli::migrate(&role.url(), &schema, &["--check"]).unwrap_err();
     assert!(behind.contains("0001 keys"), "{behind}");
 
-    let applied = migrate_cli(&support::database_url(), &schema, &[]).unwrap();
+    let applied = support::cli::migrate(&support::database_url(), &schema, &[]).unwrap();
     assert!(applied.contains("migrations applied"), "{applied}");
-    migrate_cli(&role.url(), &schema, &["--check"]).unwrap();
+    support::cli::migrate(&role.url(), &schema, &["--check"]).unwrap();
     let app = build(settings(role.url(), &schema, MigrateMode::Check))
         .await
         .unwrap_or_else(|e| panic!("check after dedupq migrate: {e:#}"));

@@ -9,7 +9,6 @@ use dedupq::store::Store;
 use sqlx::migrate::Migrator;
 use sqlx::{Executor, PgPool};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 /// Partitioning strategy and partitions of the key table in `schema`.
@@ -31,19 +30,10 @@ async fn admin() -> PgPool {
 
 /// `dedupq migrate <extra>` on `schema`, as the owner.
 fn migrate_cli(schema: &str, extra: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_dedupq"))
-        .arg("migrate")
-        .args(extra)
-        .env("DEDUPQ__STORE__URL", support::database_url())
-        .env("DEDUPQ__STORE__SCHEMA", schema)
-        .output()
-        .expect("run dedupq migrate");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    match support::cli::migrate(&support::database_url(), schema, extra) {
+        Ok(text) => (true, text),
+        Err(text) => (false, text),
+    }
 }
 
 #[tokio::test]
