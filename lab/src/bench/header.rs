@@ -10,7 +10,7 @@ pub(super) async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String 
     let (e, k, a) = (&s.engine, &s.kafka, &s.amqp);
     let pg = pg_settings(&env.database_url).await;
     format!(
-        "dedupq-lab bench{} — {} CPUs, {}\n\
+        "dedupq-lab bench{}{} — {} CPUs, {}\n\
          PostgreSQL: {pg}\n\
          dedupq settings: engine.max_batch={} engine.concurrency={} \
          engine.lease={:?} store.max_connections={} kafka.batch_size={} kafka.batch_linger={:?} \
@@ -22,7 +22,9 @@ pub(super) async fn header(args: &BenchArgs, env: &Env, s: &Settings) -> String 
          msg/s: pre-produced messages / (first message handled -> group committed to the end; RabbitMQ: last decision/ack).\n\
          latency (g rows): messages sent at a fixed rate, from the producer's send() to the reply \
          on the reply topic (dedupq: kafka.reply_topic, produced once the outcome is stored; raw \
-         echo: the record produced back as it arrives). (d), (f): one batch's claim+finish.",
+         echo: the record produced back as it arrives). (d), (f): one batch's claim+finish. \
+         k rows: the throughput run, then the same latency method at the row's rate.",
+        if args.scale { " --scale" } else { "" },
         if args.quick { " --quick" } else { "" },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         env.database_url.split('@').next_back().unwrap_or_default(),

@@ -8,7 +8,18 @@ use super::case::{Case, Kind};
 
 /// Schema holding the prefilled key table; kept between runs.
 pub(super) const STORED_KEYS_SCHEMA: &str = "dedupq_bench_10m";
-pub(super) const STORED_KEYS: i64 = 10_000_000;
+/// Every prefilled schema a run may use and its number of keys
+/// (label, keys, schema); the 10M one is the default run's too.
+pub(super) const PREFILLED: [(&str, i64, &str); 3] = [
+    ("1M", 1_000_000, "dedupq_bench_1m"),
+    ("10M", 10_000_000, STORED_KEYS_SCHEMA),
+    ("50M", 50_000_000, "dedupq_bench_50m"),
+];
+/// Topic partitions of the scale grid (the work); the key table keeps its
+/// default hash partitions (`store.partitions`).
+pub(super) const SCALE_PARTITIONS: [i32; 3] = [1, 4, 16];
+/// The paced rate at which a scale row's p50/p99 are measured.
+pub(super) const SCALE_RATE: u32 = 1000;
 /// Partitions of the duplicate-mix, stored-keys and latency runs (and of
 /// the empty-table run they are compared with).
 pub(super) const MIX_PARTITIONS: i32 = 4;
@@ -107,10 +118,77 @@ impl Plan {
         Self { quick, cases }
     }
 
+    /// The scale grid (`--scale`): per topic partition count, an empty
+    /// table (a fresh schema, the reference measured in the same minutes)
+    /// and each prefilled table. Every row is a throughput run of 150 000
+    /// messages and then a paced run at `SCALE_RATE` msg/s whose messages
+    /// are timed from `send()` to their reply (the g rows' method), so a
+    /// row has both a rate and a p99.
+    pub fn scale(quick: bool) -> Self {
+        let mut cases = Vec::new();
+        for partitions in SCALE_PARTITIONS {
+            let tables = std::iter::once(("empty", None)).chain(
+                PREFILLED
+                    .iter()
+                    .map(|(label, _, schema)| (*label, Some(*schema))),
+            );
+            for (size, schema) in tables {
+                cases.push(Case {
+                    label: format!("k scale {size} {partitions}p"),
+                    kind: Kind::Dedupq,
+                    partitions,
+                    messages: if quick { 15_000 } else { 150_000 },
+                    duplicates: false,
+                    schema: schema.map(Into::into),
+                    rate: Some(f64::from(SCALE_RATE)),
+                    latency_secs: if quick { 3.0 } else { 10.0 },
+                });
+            }
+        }
+        Self { quick, cases }
+    }
+
+    /// The cases whose label contains the text; several texts separated
+    /// by `,` select every case any of them selects, and a text starting
+    /// with `=` selects the case of exactly that label
+    /// (`--only "=a dedupq 4p,=f minimal claim 4 conns"`).
     pub fn only(mut self, filter: Option<&str>) -> Self {
         if let Some(f) = filter {
-            self.cases.retain(|c| c.label.contains(f));
+            let texts: Vec<&str> = f.split(',').map(str::trim).collect();
+            self.cases.retain(|c| {
+                texts.iter().any(|t| match t.strip_prefix('=') {
+                    Some(exact) => c.label == exact,
+                    None => c.label.contains(t),
+                })
+            });
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+
+    fn labels(plan: Plan) -> Vec<String> {
+        plan.cases.into_iter().map(|c| c.label).collect()
+    }
+
+    #[test]
+    fn only_takes_texts_and_exact_labels() {
+        let picked = labels(Plan::new(false).only(Some("=a dedupq 4p, f minimal claim 4")));
+        assert_eq!(picked, ["a dedupq 4p", "f minimal claim 4 conns"]);
+        assert_eq!(labels(Plan::new(false).only(Some("a dedupq 4p"))).len(), 3);
+    }
+
+    #[test]
+    fn the_scale_grid_has_an_empty_table_beside_each_size() {
+        let grid = labels(Plan::scale(false));
+        assert_eq!(grid.len(), 12);
+        assert_eq!(grid[0], "k scale empty 1p");
+        assert!(grid.contains(&"k scale 50M 16p".to_string()));
+        assert!(labels(Plan::new(false))
+            .iter()
+            .all(|l| !l.starts_with("k scale")));
     }
 }

@@ -1,14 +1,24 @@
-//! The key table with 10 million finished keys, filled once with one
-//! `INSERT … SELECT generate_series` and kept between runs. Keys are
-//! spread evenly over the 32-hex-digit key space, so the benchmark's
-//! random keys land between them all over the index, as in production.
+//! A key table with millions of finished keys (1M, 10M, 50M), filled once
+//! with `INSERT … SELECT generate_series` statements of `CHUNK` keys and
+//! kept between runs. Keys are spread evenly over the 32-hex-digit key
+//! space, so the benchmark's random keys land between them all over the
+//! index, as in production.
 
 use dedupq::config::{SecretUrl, StoreSettings};
 use dedupq::store::Store;
 use std::time::Instant;
 
-/// `g * STRIDE` for g in 1..=10M spans the first 14 hex digits.
-const STRIDE: i64 = 7_205_759_403;
+/// The first 14 hex digits of a key hold `g * stride(rows)`.
+const SPAN: i64 = 1 << 56;
+/// Keys per fill statement: each commits on its own, so an interrupted
+/// fill goes on from the last whole chunk.
+const CHUNK: i64 = 5_000_000;
+
+/// `g * stride` for g in 1..=rows spans the first 14 hex digits (10M
+/// keys: 7 205 759 403).
+fn stride(rows: i64) -> i64 {
+    SPAN / rows
+}
 
 /// Finished keys as dedupq leaves them (answer and its content type as
 /// bytes, no open attempt), created and finished evenly over the last day.
@@ -17,12 +27,12 @@ INSERT INTO dedupq_keys
     (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until,
      owner, attempts, result_status, result_body, result_content_type,
      created_at, updated_at, completed_at)
-SELECT 'bench', lpad(to_hex(g * 7205759403), 14, '0') || '-prefill-000000000',
+SELECT 'bench', lpad(to_hex(g * $4::bigint), 14, '0') || '-prefill-000000000',
        sha256(int8send(g)), 2, 'done', 1, NULL, 'prefill', 1, 200,
        convert_to('{"charged":true}', 'UTF8'), 'application/json',
        t, t, t
-FROM generate_series(1::bigint, $1::bigint) AS g,
-     LATERAL (SELECT now() - interval '1 day' + g * (interval '1 day' / $1)) AS c(t)
+FROM generate_series($1::bigint, $2::bigint) AS g,
+     LATERAL (SELECT now() - interval '1 day' + g * (interval '1 day' / $3::bigint)) AS c(t)
 "#;
 
 /// The key table's partitions (its hash partitions, or the table itself
@@ -37,8 +47,8 @@ WHERE c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'dedupq_keys'
    OR (c.oid = 'dedupq_keys'::regclass AND c.relkind = 'r')
 "#;
 
-fn key_of(g: i64) -> String {
-    format!("{:014x}-prefill-000000000", g * STRIDE)
+fn key_of(g: i64, rows: i64) -> String {
+    format!("{:014x}-prefill-000000000", g * stride(rows))
 }
 
 /// Makes sure `schema` holds the `rows` prefilled keys; returns what it did.
@@ -50,21 +60,34 @@ pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyho
         ..StoreSettings::default()
     })?;
     store.migrate(Some(schema)).await?;
-    // The fill is one statement: its last key exists only if all do.
-    let filled: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM dedupq_keys WHERE tenant = 'bench' AND key = $1)",
-    )
-    .bind(key_of(rows))
-    .fetch_one(store.pool())
-    .await?;
-    if filled {
+    // A chunk is one statement: its last key exists only if all do.
+    let chunks: Vec<(i64, i64)> = (0..)
+        .map(|c| c * CHUNK + 1)
+        .take_while(|&first| first <= rows)
+        .map(|first| (first, (first + CHUNK - 1).min(rows)))
+        .collect();
+    let mut missing = Vec::new();
+    for &(first, last) in &chunks {
+        let present: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM dedupq_keys WHERE tenant = 'bench' AND key = $1)",
+        )
+        .bind(key_of(last, rows))
+        .fetch_one(store.pool())
+        .await?;
+        if !present {
+            missing.push((first, last));
+        }
+    }
+    if missing.is_empty() {
         return Ok(format!("{schema}: {rows} prefilled keys present, reused"));
     }
     eprintln!("filling {schema} with {rows} keys (once; takes minutes)…");
     let t = Instant::now();
-    sqlx::query("DELETE FROM dedupq_keys")
-        .execute(store.pool())
-        .await?;
+    if missing.len() == chunks.len() {
+        sqlx::query("DELETE FROM dedupq_keys")
+            .execute(store.pool())
+            .await?;
+    }
     // Finished rows are never updated again: they are filled packed, not
     // with the room the table keeps for finishes (which would double the
     // disk it takes); claims of new keys go to new pages either way.
@@ -75,10 +98,19 @@ pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyho
             .execute(store.pool())
             .await?;
     }
-    sqlx::query(FILL_SQL)
-        .bind(rows)
-        .execute(store.pool())
-        .await?;
+    for (first, last) in missing {
+        sqlx::query(FILL_SQL)
+            .bind(first)
+            .bind(last)
+            .bind(rows)
+            .bind(stride(rows))
+            .execute(store.pool())
+            .await?;
+        eprintln!(
+            "  {schema}: keys {first}..={last} ({:.0} s)",
+            t.elapsed().as_secs_f64()
+        );
+    }
     for (part, fillfactor) in &parts {
         let restore = format!(
             "ALTER TABLE {part} SET (fillfactor = {})",
@@ -90,6 +122,8 @@ pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyho
     sqlx::query("VACUUM (ANALYZE) dedupq_keys")
         .execute(store.pool())
         .await?;
+    // The fill's WAL is checkpointed now, not during the first rows.
+    sqlx::query("CHECKPOINT").execute(store.pool()).await?;
     Ok(format!(
         "{schema}: filled {rows} keys in {:.0} s",
         t.elapsed().as_secs_f64()
@@ -100,9 +134,12 @@ pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyho
 mod tests {
     #[test]
     fn prefilled_keys_are_fixed_width_and_ordered_like_g() {
-        let (a, b) = (super::key_of(1), super::key_of(10_000_000));
-        assert_eq!(a.len(), 32);
-        assert_eq!(b.len(), 32);
-        assert!(a < b);
+        for rows in [1_000_000, 10_000_000, 50_000_000] {
+            let (a, b) = (super::key_of(1, rows), super::key_of(rows, rows));
+            assert_eq!(a.len(), 32);
+            assert_eq!(b.len(), 32);
+            assert!(a < b);
+        }
+        assert_eq!(super::stride(10_000_000), 7_205_759_403);
     }
 }

@@ -7,7 +7,7 @@ use super::case::{Case, Job, Measured, Phase};
 use super::child::run_job;
 use super::header;
 use super::kafka;
-use super::plan::{Plan, STORED_KEYS, STORED_KEYS_SCHEMA};
+use super::plan::{Plan, PREFILLED};
 use super::prefill;
 use super::produce::{AmqpPublisher, KafkaProducer, Stream};
 use super::replies;
@@ -59,18 +59,28 @@ pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
     }
     let env = Env::new(&args, settings)?;
     std::fs::create_dir_all(&env.workdir)?;
-    let mut plan = Plan::new(args.quick).only(args.only.as_deref());
+    let plan = if args.scale {
+        Plan::scale(args.quick)
+    } else {
+        Plan::new(args.quick)
+    };
+    let mut plan = plan.only(args.only.as_deref());
     println!("{}", header::header(&args, &env, settings).await);
-    if plan.cases.iter().any(|c| c.schema.is_some()) {
-        if args.quick && !prefilled(&env).await {
-            println!(
-                "stored-keys case skipped: run the full bench once to fill {STORED_KEYS_SCHEMA}"
-            );
-            plan.cases.retain(|c| c.schema.is_none());
+    for (_, keys, schema) in PREFILLED {
+        if !plan
+            .cases
+            .iter()
+            .any(|c| c.schema.as_deref() == Some(schema))
+        {
+            continue;
+        }
+        if args.quick && !prefilled(&env, schema).await {
+            println!("stored-keys cases skipped: run the full bench once to fill {schema}");
+            plan.cases.retain(|c| c.schema.as_deref() != Some(schema));
         } else {
             println!(
                 "{}",
-                prefill::ensure(&env.database_url, STORED_KEYS_SCHEMA, STORED_KEYS).await?
+                prefill::ensure(&env.database_url, schema, keys).await?
             );
         }
     }
@@ -111,14 +121,23 @@ pub async fn run_case(case: &Case, env: &Env) -> Row {
         latency: None,
         error: None,
     };
-    let measured = match case.rate {
-        Some(rate) => twice(|| measure(case, Phase::Latency, rate, env)).await,
-        None => twice(|| measure(case, Phase::Throughput, 0.0, env)).await,
-    };
-    match (measured, case.rate) {
-        (Ok(m), Some(_)) => row.latency = Some(m),
-        (Ok(m), None) => row.throughput = Some(m),
-        (Err(e), _) => row.error = Some(format!("{e:#}")),
+    // A row with a rate and messages (the scale grid) has both runs: the
+    // throughput run, then the paced one (the empty table: a fresh schema
+    // again; a prefilled one: the same table).
+    if case.rate.is_none() || case.messages > 0 {
+        match twice(|| measure(case, Phase::Throughput, 0.0, env)).await {
+            Ok(m) => row.throughput = Some(m),
+            Err(e) => {
+                row.error = Some(format!("{e:#}"));
+                return row;
+            }
+        }
+    }
+    if let Some(rate) = case.rate {
+        match twice(|| measure(case, Phase::Latency, rate, env)).await {
+            Ok(m) => row.latency = Some(m),
+            Err(e) => row.error = Some(format!("{e:#}")),
+        }
     }
     row
 }
@@ -363,13 +382,12 @@ async fn drop_schema(database_url: &str, schema: &str) {
     }
 }
 
-async fn prefilled(env: &Env) -> bool {
+async fn prefilled(env: &Env, schema: &str) -> bool {
     let Ok(pool) = sqlx::PgPool::connect(&env.database_url).await else {
         return false;
     };
-    let sql = format!(
-        "SELECT count(*) > 0 FROM (SELECT 1 FROM \"{STORED_KEYS_SCHEMA}\".dedupq_keys LIMIT 1) t"
-    );
+    let sql =
+        format!("SELECT count(*) > 0 FROM (SELECT 1 FROM \"{schema}\".dedupq_keys LIMIT 1) t");
     let filled = sqlx::query_scalar::<_, bool>(&sql)
         .fetch_one(&pool)
         .await
