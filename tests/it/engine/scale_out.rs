@@ -67,12 +67,7 @@ async fn missing_columns(pool: &PgPool, schema: &str, column: &str) -> Vec<Strin
          FROM t LEFT JOIN col ON col.attrelid = t.oid, keys \
          WHERE (col.attrelid IS NULL) OR (col.type, col.collation) <> (keys.type, keys.collation)"
     );
-    sqlx::query_scalar(&sql)
-        .bind(schema)
-        .bind(column)
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    problems(pool, &sql, schema, column).await
 }
 
 /// Unique and exclusion indexes (primary keys and unique constraints are
@@ -89,12 +84,7 @@ async fn unique_without(pool: &PgPool, schema: &str, column: &str) -> Vec<String
                WHERE k.n <= i.indnkeyatts AND a.attname = $2) \
          ORDER BY 1"
     );
-    sqlx::query_scalar(&sql)
-        .bind(schema)
-        .bind(column)
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    problems(pool, &sql, schema, column).await
 }
 
 /// Foreign keys of dedupq tables that do not pair `column` with `column`
@@ -119,12 +109,7 @@ async fn crossing_foreign_keys(pool: &PgPool, schema: &str, column: &str) -> Vec
              OR bool_or((own = $2) <> (other = $2)) \
          ORDER BY 1"
     );
-    sqlx::query_scalar(&sql)
-        .bind(schema)
-        .bind(column)
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    problems(pool, &sql, schema, column).await
 }
 
 #[tokio::test]
@@ -431,4 +416,14 @@ async fn a_statement_that_finds_its_rows_by_key_alone_is_caught() {
             .any(|p| p.starts_with("finish by key: ") && !p.contains("(tenant = ")),
         "{problems:?}"
     );
+}
+
+/// Runs a catalog query over (`schema`, `column`) whose rows are problems.
+async fn problems(pool: &PgPool, sql: &str, schema: &str, column: &str) -> Vec<String> {
+    sqlx::query_scalar(sql)
+        .bind(schema)
+        .bind(column)
+        .fetch_all(pool)
+        .await
+        .unwrap()
 }
