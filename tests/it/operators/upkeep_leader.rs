@@ -82,10 +82,17 @@ async fn one_replica_purges_and_counts_and_another_takes_over_when_it_is_killed(
         (&mut b, &a)
     };
     killed.kill();
+    support::eventually(Duration::from_secs(30), "the standby took over", || async {
+        (upkeep(survivor).await.0 == 1.0).then_some(())
+    })
+    .await;
+    // Rows only after the takeover: a purge the killed leader had already
+    // written to its socket can still run in PostgreSQL after the kill, and
+    // would take rows inserted then.
     old_done_rows(&store, "second-", 2).await;
     support::eventually(
         Duration::from_secs(30),
-        "the standby took over and purged",
+        "the new leader purged and counts",
         || async {
             let u = upkeep(survivor).await;
             (u.0 == 1.0 && u.1 == 2.0 && u.2).then_some(())
