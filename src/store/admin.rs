@@ -1,12 +1,13 @@
 //! Operator reads and interventions on single keys (`dedupq keys …`).
 
+use super::connect::default_planner_sql;
 use super::{KeyStatus, Store, StoreError};
 use crate::identity::Identity;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::postgres::PgRow;
-use sqlx::Row;
+use sqlx::{Executor, Postgres, Row, Transaction};
 
 pub(super) const COLUMNS: &str =
     "tenant, key, encode(fingerprint, 'hex') AS fingerprint, fingerprint_version, \
@@ -177,7 +178,9 @@ impl Store {
         if let KeyFilter::Status(status) = filter {
             query = query.bind(status.as_str());
         }
-        let rows = query.fetch_all(self.pool()).await?;
+        let mut tx = self.scanning().await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         rows.iter().map(KeyRow::from_row).collect()
     }
 
@@ -190,6 +193,7 @@ impl Store {
         key: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AuditRow>, StoreError> {
+        let mut tx = self.scanning().await?;
         let rows = sqlx::query(
             "SELECT id, at, tenant, key, action, reason, actor, before::text AS before \
              FROM dedupq_key_audit \
@@ -199,8 +203,9 @@ impl Store {
         .bind(limit)
         .bind(tenant)
         .bind(key)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| {
                 let before: Option<String> = r.try_get("before")?;
@@ -245,12 +250,25 @@ impl Store {
         .await
     }
 
+    /// A transaction planned by PostgreSQL's defaults, for the
+    /// reads that scan the table (or the audit table) on purpose: dedupq's
+    /// connections plan for lookups by key (see `PLANNER` in connect.rs),
+    /// which would walk a whole index in key order instead.
+    async fn scanning(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        tx.execute(sqlx::raw_sql(&default_planner_sql(true)))
+            .await?;
+        Ok(tx)
+    }
+
     async fn count_where(
         &self,
         sql: &'static str,
         statuses: &[KeyStatus],
     ) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        let rows = sqlx::query(sql).fetch_all(self.pool()).await?;
+        let mut tx = self.scanning().await?;
+        let rows = sqlx::query(sql).fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         let mut counts: Vec<(KeyStatus, i64)> = statuses.iter().map(|s| (*s, 0)).collect();
         for row in rows {
             let status = KeyStatus::parse(row.try_get("status")?)?;

@@ -2,6 +2,7 @@
 //! time, only when something is pending, or only checked (for a runtime
 //! role that may not change the schema).
 
+use super::connect::{default_planner_sql, planner_reset_sql};
 use super::{Store, StoreError};
 use crate::config::MigrateMode;
 use sqlx::pool::PoolConnection;
@@ -54,10 +55,10 @@ impl Store {
     pub async fn migrate(&self, schema: Option<&str>) -> Result<(), StoreError> {
         let mut conn = self.pool().acquire().await?;
         // Schema changes wait for their table locks (and instances for the
-        // migration lock) as long as it takes, not store.lock_timeout.
-        sqlx::query("SET lock_timeout = 0")
-            .execute(&mut *conn)
-            .await?;
+        // migration lock) as long as it takes, not store.lock_timeout; and
+        // a migration that copies a table is planned as PostgreSQL would.
+        let session = format!("SET lock_timeout = 0; {}", default_planner_sql(false));
+        conn.execute(sqlx::raw_sql(&session)).await?;
         #[cfg(not(feature = "broken-no-migrate-lock"))]
         sqlx::query("SELECT pg_advisory_lock($1)")
             .bind(MIGRATE_LOCK)
@@ -140,9 +141,11 @@ async fn release(mut conn: PoolConnection<Postgres>, ok: bool) {
             .bind(MIGRATE_LOCK)
             .execute(&mut *conn)
             .await;
-        let reset = conn
-            .execute("RESET lock_timeout; RESET dedupq.partitions")
-            .await;
+        let reset = format!(
+            "RESET lock_timeout; RESET dedupq.partitions; {}",
+            planner_reset_sql()
+        );
+        let reset = conn.execute(sqlx::raw_sql(&reset)).await;
         if unlocked.is_ok() && reset.is_ok() {
             return;
         }

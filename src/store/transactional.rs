@@ -4,6 +4,7 @@
 //! (then sees it done) or rolls back (then claims it).
 
 use super::claim::classify;
+use super::connect::default_planner_sql;
 use super::{ClaimRequest, ClaimResult, Store, StoreError, StoredResult};
 use crate::identity::Identity;
 use sqlx::{Executor, PgConnection, Postgres, Transaction};
@@ -36,11 +37,6 @@ UPDATE dedupq_keys SET
     attempt_open = false, completed_at = now(), updated_at = now()
 WHERE tenant = $1 AND key = $2 AND status = 'in_progress'
 "#;
-
-/// PostgreSQL's planner defaults back for a transactional handler's own
-/// statements: dedupq's connections plan for batches of keys (see
-/// `PLANNER` in connect.rs), which is not what a handler's SQL is.
-const HANDLER_PLANNER: &str = "SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on;";
 
 /// Undoes the handler's writes back to the savepoint `begin_handler` set.
 const ROLLBACK_HANDLER_SQL: &str = "ROLLBACK TO SAVEPOINT dedupq_handler";
@@ -112,8 +108,9 @@ impl Store {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let limit = format!(
-            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; {HANDLER_PLANNER} SAVEPOINT dedupq_handler",
-            timeout.as_millis().max(1)
+            "SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = 0; {} SAVEPOINT dedupq_handler",
+            timeout.as_millis().max(1),
+            default_planner_sql(true)
         );
         conn.execute(sqlx::raw_sql(&limit)).await?;
         Ok(())
