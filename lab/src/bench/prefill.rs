@@ -52,11 +52,22 @@ fn key_of(g: i64, rows: i64) -> String {
 }
 
 /// Makes sure `schema` holds the `rows` prefilled keys; returns what it did.
-pub(super) async fn ensure(database_url: &str, schema: &str, rows: i64) -> anyhow::Result<String> {
+/// A key table it creates gets `partitions` hash partitions (the run's
+/// `store.partitions`); one that exists is used as it is.
+pub(super) async fn ensure(
+    database_url: &str,
+    schema: &str,
+    rows: i64,
+    partitions: u32,
+) -> anyhow::Result<String> {
     let store = Store::connect_lazy(&StoreSettings {
         url: SecretUrl::new(database_url),
         schema: Some(schema.into()),
         max_connections: 1,
+        partitions,
+        // The fill's ALTER TABLE and VACUUM wait behind autovacuum, which
+        // on one partition of millions of keys runs for minutes.
+        lock_timeout: std::time::Duration::from_secs(3600),
         ..StoreSettings::default()
     })?;
     store.migrate(Some(schema)).await?;

@@ -80,7 +80,13 @@ pub async fn run(args: BenchArgs, settings: &Settings) -> anyhow::Result<()> {
         } else {
             println!(
                 "{}",
-                prefill::ensure(&env.database_url, schema, keys).await?
+                prefill::ensure(
+                    &env.database_url,
+                    schema,
+                    keys,
+                    env.settings.store.partitions
+                )
+                .await?
             );
         }
     }
