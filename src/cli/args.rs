@@ -30,7 +30,7 @@ pub enum Command {
         #[arg(long)]
         check: bool,
         /// Partitions of the key table when this run partitions it (1..1024;
-        /// default `store.partitions`, 16). Ignored once it is partitioned.
+        /// default `store.partitions`, 1). Ignored once it is partitioned.
         #[arg(long, value_name = "N")]
         partitions: Option<u32>,
     },

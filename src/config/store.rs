@@ -5,8 +5,10 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The key table's partitions unless `store.partitions` says otherwise.
-const DEFAULT_PARTITIONS: u32 = 16;
+/// The key table's partitions unless `store.partitions` says otherwise:
+/// one, measured fastest both on an empty table and at 10M keys (see
+/// BENCHMARKS.md, "How many partitions").
+const DEFAULT_PARTITIONS: u32 = 1;
 
 /// The most partitions migration 0005 creates.
 const MAX_PARTITIONS: u32 = 1024;
@@ -70,13 +72,14 @@ pub struct StoreSettings {
     /// again; the rest of its batch goes on.
     #[serde(with = "humantime_serde")]
     pub lock_timeout: Duration,
-    /// `store.partitions` (default 16, 1..1024): how many hash partitions
+    /// `store.partitions` (default 1, 1..1024): how many hash partitions
     /// of (tenant, key) the migration that partitions the key table
-    /// (0005) creates. Each claim descends one partition's primary-key
-    /// index, a fraction of the whole table's, so a table of millions of
-    /// keys stays nearly as fast as an empty one. Read only when that
-    /// migration runs: changing it afterwards does nothing (the partitions
-    /// exist). `dedupq migrate --partitions N` overrides it.
+    /// (0005) creates. Every batch statement plans and prunes over all of
+    /// them, so on one PostgreSQL more partitions cost speed (measured at
+    /// 0 and 10M keys); they are for retention and vacuum by partition,
+    /// and for a distributed PostgreSQL (docs/scale-out.md). Read only
+    /// when that migration runs: changing it afterwards does nothing (the
+    /// partitions exist). `dedupq migrate --partitions N` overrides it.
     pub partitions: u32,
 }
 

@@ -44,6 +44,8 @@ pub async fn isolated_store() -> (Store, StoreSettings) {
         url: dedupq::config::SecretUrl::new(database_url()),
         schema: Some(unique("t")),
         max_connections: 16,
+        // More than the default one, so that every test crosses partitions.
+        partitions: 16,
         ..StoreSettings::default()
     };
     let store = Store::connect_lazy(&settings).expect("valid store settings");

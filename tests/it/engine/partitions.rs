@@ -45,10 +45,11 @@ async fn migrate_with_four_partitions_makes_a_hash_partitioned_table_of_four() {
 }
 
 #[tokio::test]
-async fn a_fresh_migrate_makes_sixteen_partitions_by_default() {
-    let (store, settings) = support::isolated_store().await;
-    let schema = settings.schema.unwrap();
-    assert_eq!(layout(store.pool(), &schema).await, (Some("h".into()), 16));
+async fn a_fresh_migrate_makes_one_hash_partition_by_default() {
+    let schema = unique("parts");
+    let (ok, out) = migrate_cli(&schema, &[]);
+    assert!(ok, "{out}");
+    assert_eq!(layout(&admin().await, &schema).await, (Some("h".into()), 1));
 }
 
 #[tokio::test]
