@@ -15,6 +15,8 @@ async fn single_connection_store() -> Store {
         url: SecretUrl::new(support::database_url()),
         schema: Some(schema.clone()),
         max_connections: 1,
+        // As in the rest of the suite: the finishes cross partitions.
+        partitions: 16,
         ..StoreSettings::default()
     };
     let store = Store::connect_lazy(&settings).unwrap();
@@ -40,7 +42,7 @@ async fn updates(store: &Store, expected: i64) -> (i64, i64) {
         .fetch_one(store.pool())
         .await
         .unwrap();
-        assert_eq!(parts, 16, "the key table's default partitions");
+        assert_eq!(parts, 16, "the key table's partitions");
         (upd >= expected).then_some((upd, hot))
     })
     .await
