@@ -55,7 +55,7 @@ impl Inner {
             options.backoff,
             shutdown.clone(),
         );
-        // Small groups: one statement running while the next gathers.
+        // Small groups: one statement at a time, a second beside a stalled one.
         let lanes = store.claim_lanes().min(2);
         let claims = Claims {
             owner: options.owner.clone(),

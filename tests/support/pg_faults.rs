@@ -135,6 +135,17 @@ impl RowLock {
         Self { tx: Some(tx) }
     }
 
+    /// How many sessions wait for this lock right now.
+    pub async fn waiters(&mut self) -> i64 {
+        let tx = self.tx.as_mut().expect("the lock is held");
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid))",
+        )
+        .fetch_one(&mut **tx)
+        .await
+        .expect("count the sessions waiting for the lock")
+    }
+
     pub async fn release(mut self) {
         if let Some(tx) = self.tx.take() {
             tx.rollback().await.expect("release the row lock");

@@ -10,6 +10,7 @@ mod connections;
 mod crash;
 mod cross_transport;
 mod forwarded;
+mod group_commit;
 mod key_routes;
 mod read_only;
 mod requests;
