@@ -234,6 +234,7 @@ impl Store {
             "SELECT status, count(*) AS n FROM dedupq_keys \
              WHERE (uncertain_since IS NOT NULL) AND (status = 'unknown') GROUP BY status",
             &[KeyStatus::Unknown],
+            false,
         )
         .await
     }
@@ -246,6 +247,7 @@ impl Store {
             "SELECT status, count(*) AS n FROM dedupq_keys \
              WHERE status IN ('in_progress', 'done', 'failed') GROUP BY status",
             &[KeyStatus::InProgress, KeyStatus::Done, KeyStatus::Failed],
+            true,
         )
         .await
     }
@@ -256,19 +258,26 @@ impl Store {
     /// which would walk a whole index in key order instead.
     async fn scanning(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.pool().begin().await?;
-        tx.execute(sqlx::raw_sql(&default_planner_sql(true)))
-            .await?;
+        tx.execute(sqlx::raw_sql(default_planner_sql(true))).await?;
         Ok(tx)
     }
 
+    /// Counts per status; `scan`: a read of the whole table, planned by
+    /// PostgreSQL's defaults (an index read keeps dedupq's planning).
     async fn count_where(
         &self,
         sql: &'static str,
         statuses: &[KeyStatus],
+        scan: bool,
     ) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        let mut tx = self.scanning().await?;
-        let rows = sqlx::query(sql).fetch_all(&mut *tx).await?;
-        tx.commit().await?;
+        let rows = if scan {
+            let mut tx = self.scanning().await?;
+            let rows = sqlx::query(sql).fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            rows
+        } else {
+            sqlx::query(sql).fetch_all(self.pool()).await?
+        };
         let mut counts: Vec<(KeyStatus, i64)> = statuses.iter().map(|s| (*s, 0)).collect();
         for row in rows {
             let status = KeyStatus::parse(row.try_get("status")?)?;

@@ -35,12 +35,20 @@ const PLANNER: [(&str, &str); 3] = [
 /// default), for a transactional handler's SQL, the reads that scan the
 /// whole table, and the migrations. `local`: for the current transaction
 /// only; otherwise for the session, until [`planner_reset_sql`].
-pub(super) fn default_planner_sql(local: bool) -> String {
-    let scope = if local { "LOCAL " } else { "" };
-    PLANNER
-        .iter()
-        .map(|(name, _)| format!("SET {scope}{name} = on; "))
-        .collect()
+pub(super) fn default_planner_sql(local: bool) -> &'static str {
+    static LOCAL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static SESSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let (sql, scope) = if local {
+        (&LOCAL, "LOCAL ")
+    } else {
+        (&SESSION, "")
+    };
+    sql.get_or_init(|| {
+        PLANNER
+            .iter()
+            .map(|(name, _)| format!("SET {scope}{name} = on; "))
+            .collect()
+    })
 }
 
 /// Puts a session's planning back to `PLANNER` after
