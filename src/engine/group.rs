@@ -10,9 +10,10 @@
 //! One statement of small groups runs at a time, and the next one takes
 //! everything that queued meanwhile. More at once would split a crowd into
 //! more, smaller statements, each a commit (a WAL flush) of its own
-//! (measured with 100 HTTP clients: 25 rows per statement with one at a
-//! time, 13 with two and 9 with three, and one at a time answered 11–14 %
-//! more requests than two; two answered 30–45 % more than six). A second
+//! (measured with 100 HTTP clients: 25 rows per statement with one worker,
+//! 13 with two and 9 with three; taking turns as below answered about 4 %
+//! more requests than two running at once, in five alternated pairs at 100
+//! and 1,000 connections; two answered 30–45 % more than six). A second
 //! worker waits for its turn only while the running statement is young
 //! ([`STALLED`]): one that waits on a row lock or a slow server does not
 //! hold back everyone else's claims, and the second worker then runs beside
