@@ -411,15 +411,13 @@ impl Store {
         generic: bool,
     ) -> Result<String, StoreError> {
         let input = ClaimInput::new(requests);
-        let mut tx = self.pool().begin().await.map_err(|e| self.noted(e))?;
+        let mut tx = self.pool().begin().await?;
         let mode = if generic {
-            "force_generic_plan"
+            "SET LOCAL plan_cache_mode = force_generic_plan"
         } else {
-            "force_custom_plan"
+            "SET LOCAL plan_cache_mode = force_custom_plan"
         };
-        sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(mode).execute(&mut *tx).await?;
         let sql = format!("EXPLAIN (COSTS OFF) {CLAIM_SQL}");
         let lines: Vec<String> = input
             .bind(sqlx::query(&sql), "explain", Duration::from_secs(30))
