@@ -299,6 +299,13 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
 /// last one is acked, and a cancel does not give it back: unless dedupq
 /// handles what the cancelled consumer holds, that payment waits, unacked,
 /// until the connection closes.
+///
+/// One ack of caution cannot keep the poison from the normal prefetch, and
+/// each session it ends there counts a delivery for every payment in
+/// flight, so at the delivery limit of 2 a payment may be dead-lettered
+/// beside it (with the defaults, 256 acks of caution and a limit of 20, it
+/// is not). Every payment must end charged or dead-lettered; one that is
+/// neither is stranded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
     let provider = Provider::start(Knobs::default()).await;
@@ -311,15 +318,19 @@ async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
     for (i, key) in keys.iter().enumerate() {
         client.publish(&queue, &payment(key, i as u32 + 1)).await;
     }
+    let dlq = settings.dead_letter_queue.clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let charged = provider.stats().await.charges;
-        if charged >= keys.len() as i64 {
+        // The poison ends there too.
+        let dead = client.ready(&dlq).await;
+        if charged + dead as i64 > keys.len() as i64 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "after 30 s only {charged} of {} payments charged ({} ready, the rest stranded):\n{}",
+            "after 30 s {charged} of {} payments charged and {dead} dead-lettered with the poison \
+             ({} ready, the rest stranded):\n{}",
             keys.len(),
             client.ready(&queue).await,
             dedupq.log_tail()
@@ -328,7 +339,7 @@ async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
     }
     for key in &keys {
         let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
-        assert_eq!(n, 1, "{key} charged {n} times");
+        assert!(n <= 1, "{key} charged {n} times");
     }
     client.cleanup(&settings).await;
 }
