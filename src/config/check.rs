@@ -123,6 +123,14 @@ fn check_engine(s: &Settings) -> Result<(), ConfigError> {
             "set positive values",
         ));
     }
+    if e.max_batch > MAX_CLAIM_BATCH {
+        return Err(ConfigError::new(
+            "engine.max_batch",
+            format!("{} is more than {MAX_CLAIM_BATCH}", e.max_batch),
+            "past it a claim statement's written rows outgrow PostgreSQL's hash_mem and each row is \
+             checked on its own; the default 500 is near the fastest",
+        ));
+    }
     if s.handler.retry_for.is_zero() || s.handler.outage_after == 0 {
         return Err(ConfigError::new(
             "handler.retry_for",
@@ -234,6 +242,12 @@ fn check_retention(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Most messages one claim statement may take. The claim tells unwritten
+/// keys apart with a hashed SubPlan over the rows it wrote; PostgreSQL
+/// falls back to a per-row subplan once those outgrow `hash_mem` (about
+/// 50 000 keys at the default work_mem), so the bound keeps a fifth of that.
+pub(crate) const MAX_CLAIM_BATCH: usize = 10_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +267,16 @@ mod tests {
         let e = validate(&s).unwrap_err();
         assert_eq!(e.setting, "handler.routes[0].source");
         assert!(e.problem.contains("paymnets"), "{e}");
+    }
+
+    #[test]
+    fn a_claim_batch_past_what_one_hash_holds_is_refused() {
+        let mut s = Settings::default();
+        s.engine.max_batch = MAX_CLAIM_BATCH;
+        assert!(validate(&s).is_ok());
+        s.engine.max_batch = MAX_CLAIM_BATCH + 1;
+        let e = validate(&s).unwrap_err();
+        assert_eq!(e.setting, "engine.max_batch");
+        assert!(e.problem.contains("10001"), "{e}");
     }
 }

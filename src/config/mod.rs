@@ -91,7 +91,7 @@ pub struct EngineSettings {
     /// retries: ten attempts span about a minute and a half.
     #[serde(with = "humantime_serde")]
     pub retry_backoff_max: Duration,
-    /// Most messages claimed in one statement.
+    /// Most messages claimed in one statement (at most 10 000).
     pub max_batch: usize,
     /// Name written into claimed rows; default: host-pid-random.
     pub owner: Option<String>,
