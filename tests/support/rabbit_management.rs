@@ -101,3 +101,22 @@ pub async fn connections_named(name: &str) -> Vec<serde_json::Value> {
         .filter(|c| c["client_properties"]["connection_name"] == name)
         .collect()
 }
+
+/// `DELETE /api/connections/<name>`: the broker closes the connection
+/// (`connection.close` with 320, CONNECTION_FORCED), as when an operator
+/// or a node shutdown ends it.
+pub async fn close_connection(connection: &serde_json::Value) {
+    let name = connection["name"].as_str().expect("a connection's name");
+    let mut url = reqwest::Url::parse(&api()).expect("management URL");
+    url.path_segments_mut()
+        .expect("a base URL")
+        .extend(["api", "connections", name]);
+    client()
+        .delete(url)
+        .basic_auth("guest", Some("guest"))
+        .header("X-Reason", "closed by a test")
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("management API: close a connection");
+}

@@ -7,10 +7,11 @@
 
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::rabbit_management::{close_connection, connections_named};
 use crate::support::raw_amqp::{
     self, death_reason, publish_raw, take_all, FieldValue, RawDelivery, RawProperties,
 };
-use crate::support::{eventually, isolated_store};
+use crate::support::{eventually, isolated_store, unique};
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
 use dedupq_provider::Knobs;
 use std::time::Duration;
@@ -341,5 +342,75 @@ async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
         let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
         assert!(n <= 1, "{key} charged {n} times");
     }
+    client.cleanup(&settings).await;
+}
+
+/// The same switch after a session the broker ended (no poison to end a
+/// later one): a delivery the cautious consumer held at its cancel and did
+/// not handle would stay unacked on the live channel for good. Whether the
+/// broker pushed one before the cancel is a race, so the switch is made
+/// several times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaving_one_at_a_time_consumption_after_a_closed_session_strands_no_delivery() {
+    let provider = Provider::start(Knobs::default()).await;
+    let connection_name = unique("dedupq-caution");
+    let settings = AmqpSettings {
+        connection_name: connection_name.clone(),
+        delivery_limit: 10,
+        ..limited(1)
+    };
+    let queue = settings.queues[0].clone();
+    let dedupq = start(&settings, &provider).await;
+    let client = Client::connect().await;
+    let listed = || async {
+        let listed = connections_named(&connection_name).await;
+        (listed.len() == 1).then(|| listed[0].clone())
+    };
+    let mut charged_before = 0;
+    for round in 0..8 {
+        let open = eventually(
+            Duration::from_secs(20),
+            "dedupq's connection is listed",
+            listed,
+        )
+        .await;
+        close_connection(&open).await;
+        eventually(Duration::from_secs(20), "dedupq connects again", || async {
+            let again = listed().await?;
+            (again["connected_at"] != open["connected_at"]).then_some(())
+        })
+        .await;
+        let keys: Vec<String> = (0..10).map(|i| format!("round-{round}-{i}")).collect();
+        for (i, key) in keys.iter().enumerate() {
+            client.publish(&queue, &payment(key, i as u32 + 1)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let charged = provider.stats().await.charges - charged_before;
+            if charged >= keys.len() as i64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: after 30 s only {charged} of {} payments charged ({} ready, the rest stranded):\n{}",
+                keys.len(),
+                client.ready(&queue).await,
+                dedupq.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for key in &keys {
+            let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
+            assert_eq!(n, 1, "{key} charged {n} times");
+        }
+        charged_before = provider.stats().await.charges;
+    }
+    assert!(
+        dedupq
+            .log_tail()
+            .contains("consuming with the normal prefetch again"),
+        "the switch happened:\n{}",
+        dedupq.log_tail()
+    );
     client.cleanup(&settings).await;
 }
