@@ -294,6 +294,28 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
     client.cleanup(&settings).await;
 }
 
+/// Polls `settled` (how many payments are accounted for, and where they
+/// are) until it counts `expected`; after 30 s what is missing is stranded.
+async fn until_settled<F, Fut>(dedupq: &Dedupq, expected: i64, mut settled: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (i64, String)>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (count, seen) = settled().await;
+        if count >= expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after 30 s {seen}:\n{}",
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// After a failed session dedupq consumes one delivery at a time, then
 /// cancels that consumer and consumes with the normal prefetch again. The
 /// broker pushes the next delivery to the cautious consumer as soon as the
@@ -320,24 +342,19 @@ async fn leaving_one_at_a_time_consumption_strands_no_delivery() {
         client.publish(&queue, &payment(key, i as u32 + 1)).await;
     }
     let dlq = settings.dead_letter_queue.clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    // The poison ends in the dead-letter queue too.
+    until_settled(&dedupq, keys.len() as i64 + 1, || async {
         let charged = provider.stats().await.charges;
-        // The poison ends there too.
         let dead = client.ready(&dlq).await;
-        if charged + dead as i64 > keys.len() as i64 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after 30 s {charged} of {} payments charged and {dead} dead-lettered with the poison \
-             ({} ready, the rest stranded):\n{}",
-            keys.len(),
-            client.ready(&queue).await,
-            dedupq.log_tail()
+        let ready = client.ready(&queue).await;
+        let seen = format!(
+            "{charged} of {} payments charged and {dead} dead-lettered with the poison \
+             ({ready} ready, the rest stranded)",
+            keys.len()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (charged + i64::from(dead), seen)
+    })
+    .await;
     for key in &keys {
         let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
         assert!(n <= 1, "{key} charged {n} times");
@@ -384,21 +401,16 @@ async fn leaving_one_at_a_time_consumption_after_a_closed_session_strands_no_del
         for (i, key) in keys.iter().enumerate() {
             client.publish(&queue, &payment(key, i as u32 + 1)).await;
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        until_settled(&dedupq, keys.len() as i64, || async {
             let charged = provider.stats().await.charges - charged_before;
-            if charged >= keys.len() as i64 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: after 30 s only {charged} of {} payments charged ({} ready, the rest stranded):\n{}",
-                keys.len(),
-                client.ready(&queue).await,
-                dedupq.log_tail()
+            let ready = client.ready(&queue).await;
+            let seen = format!(
+                "round {round}: only {charged} of {} payments charged ({ready} ready, the rest stranded)",
+                keys.len()
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            (charged, seen)
+        })
+        .await;
         for key in &keys {
             let n = provider.charges_for(&format!("{TENANT}:{key}")).await.len();
             assert_eq!(n, 1, "{key} charged {n} times");
