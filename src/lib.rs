@@ -68,6 +68,7 @@ pub use health::Health;
 pub use metrics::Metrics;
 pub use store::{Store, StoreError, StoredResult};
 
+pub mod allocator;
 pub mod config;
 pub mod telemetry;
 

@@ -6,6 +6,8 @@ use dedupq::config::Settings;
 use dedupq::store::Store;
 use std::process::ExitCode;
 
+dedupq::allocator!();
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

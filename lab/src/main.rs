@@ -5,6 +5,8 @@ use dedupq::config::Settings;
 use dedupq_lab::cli::{self, Cli};
 use std::process::ExitCode;
 
+dedupq::allocator!();
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -2,8 +2,9 @@
 //! SASL_SSL, RabbitMQ over TLS, PostgreSQL with verify-full; instances
 //! started together, a runtime role without DDL rights, probes while
 //! PostgreSQL is away; schema names; secrets kept out of output and logs;
-//! the Kubernetes manifests and the Helm chart.
+//! the Kubernetes manifests and the Helm chart; the binary's allocator.
 
+mod allocator;
 mod amqp_tls;
 mod architecture;
 mod chart;
