@@ -68,7 +68,7 @@ impl Applier<'_> {
             .collect();
         let mut confirmed = self.publisher.publish_all(&required).await.into_iter();
         let mut first_error = None;
-        let mut acked = 0;
+        let mut done = Vec::with_capacity(metas.len());
         for (meta, plan) in metas.iter().zip(&plans) {
             match plan {
                 Plan::Required(_, counted) => {
@@ -84,7 +84,14 @@ impl Applier<'_> {
                 Plan::Reply(out) => self.reply(out).await,
                 Plan::Nothing => {}
             }
-            match self.ack(meta).await {
+            done.push(meta);
+        }
+        // Each ack waits for lapin's connection task to take its frame:
+        // one after another, a batch of hundreds waited that round trip
+        // as many times, with its prefetch window held meanwhile.
+        let mut acked = 0;
+        for result in futures::future::join_all(done.into_iter().map(|m| self.ack(m))).await {
+            match result {
                 Ok(()) => acked += 1,
                 Err(e) => {
                     first_error.get_or_insert(e);
