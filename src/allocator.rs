@@ -1,6 +1,7 @@
 //! The allocator of dedupq's binaries: jemalloc, installed by
-//! [`allocator!`](crate::allocator!) in each binary's `main.rs`. The
-//! library itself installs none, so an embedder keeps its own.
+//! [`allocator!`](crate::allocator!) in each binary's `main.rs`, for Rust's
+//! allocations (the C libraries keep glibc's `malloc`: see Cargo.toml).
+//! The library itself installs none, so an embedder keeps its own.
 //!
 //! glibc's allocator locks the owning arena for every block freed on
 //! another thread than the one that allocated it, and tokio moves tasks
@@ -12,14 +13,15 @@
 pub use tikv_jemallocator::Jemalloc;
 
 /// The type of [`CONF`]: a C string of jemalloc options.
-pub type Conf = [u8; 56];
+pub type Conf = [u8; 36];
 
 /// jemalloc's options, compiled in (it reads them before the first
-/// allocation; `MALLOC_CONF` in the environment still overrides them):
-/// one arena per CPU, where its default of four per CPU held about 15 MB
-/// more at 16 Kafka partitions, and pages left unused for half a second
-/// returned to the system, so that a burst does not keep its memory.
-pub const CONF: &Conf = b"percpu_arena:percpu,dirty_decay_ms:500,muzzy_decay_ms:0\0";
+/// allocation; `_RJEM_MALLOC_CONF` in the environment still overrides
+/// them): pages left unused for half a second go back to the system, so
+/// that a burst does not keep its memory. With jemalloc's default of ten
+/// seconds the 16-partition bench row peaked 10–15 MB higher, past its
+/// 150 MB bound.
+pub const CONF: &Conf = b"dirty_decay_ms:500,muzzy_decay_ms:0\0";
 
 /// Installs jemalloc, with [`CONF`], as the global allocator of the binary
 /// that calls it (once, at the top level of `main.rs`).
@@ -29,8 +31,9 @@ macro_rules! allocator {
         #[global_allocator]
         static ALLOCATOR: $crate::allocator::Jemalloc = $crate::allocator::Jemalloc;
 
-        /// Read by jemalloc under this C name.
-        #[export_name = "malloc_conf"]
+        /// Read by jemalloc under this C name (its symbols carry the `_rjem_`
+        /// prefix).
+        #[export_name = "_rjem_malloc_conf"]
         static MALLOC_CONF: &$crate::allocator::Conf = $crate::allocator::CONF;
     };
 }

@@ -56,11 +56,20 @@ pub fn run_within(config: &PathBuf, args: &[&str], env: &[(&str, &str)], limit: 
     for (k, v) in env {
         command.env(k, v);
     }
+    run_command(command, limit)
+}
+
+/// Runs `command`, killing it once it has run for `limit`: the whole
+/// process group, so that a wrapper's child (faketime's dedupq) goes too
+/// and lets go of the pipes.
+fn run_command(mut command: Command, limit: Duration) -> Ran {
+    use std::os::unix::process::CommandExt;
     let mut child = command
+        .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run dedupq");
+        .expect("run dedupq (under faketime, which scripts/services up installs, when skewed)");
     // Read both pipes while waiting, so a full pipe never blocks the child.
     let stdout = drain(child.stdout.take().expect("piped stdout"));
     let stderr = drain(child.stderr.take().expect("piped stderr"));
@@ -70,7 +79,8 @@ pub fn run_within(config: &PathBuf, args: &[&str], env: &[(&str, &str)], limit: 
             break Some(status);
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
             let _ = child.wait();
             break None;
         }
@@ -106,17 +116,7 @@ pub fn run_skewed(config: &PathBuf, offset: &str, args: &[&str]) -> Ran {
         .arg(config)
         .args(args)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    ran(command
-        .output()
-        .expect("run dedupq under faketime (scripts/services up installs it)"))
-}
-
-fn ran(out: std::process::Output) -> Ran {
-    Ran {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_command(command, HUNG_AFTER)
 }
 
 /// `dedupq migrate [extra]` on `schema` as the role of `url`, configured by
