@@ -55,21 +55,7 @@ pub fn init_with_traces(
         Some(settings) => Some(export::tracer_provider(settings)?),
         None => None,
     };
-    let _ = subscriber(log, provider.as_ref()).try_init();
-    Ok(Telemetry { provider })
-}
-
-/// The log output, and with `provider` the exporter's layer.
-///
-/// Without an exporter the subscriber holds the log layer alone. An
-/// absent layer (`Option<Layer>::None`) would not do: it answers that it
-/// wants every callsite, so each trace span (which the log layer refuses)
-/// would still be made, recorded in the registry and closed, once per
-/// message and per batch, for nobody.
-fn subscriber(
-    log: &LogSettings,
-    provider: Option<&SdkTracerProvider>,
-) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    spans::set_exporting(provider.is_some());
     let filter = EnvFilter::try_from_env("DEDUPQ_LOG")
         .or_else(|_| EnvFilter::try_new(&log.filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -90,27 +76,29 @@ fn subscriber(
             .with_filter(logged)
             .boxed(),
     };
-    let logged = tracing_subscriber::registry().with(logs);
-    let Some(provider) = provider else {
-        return Box::new(logged);
-    };
-    use opentelemetry::trace::TracerProvider as _;
-    let traces = tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("dedupq"))
-        // Spent per span on every message: what traces do not need.
-        .with_location(false)
-        .with_threads(false)
-        .with_tracked_inactivity(false)
-        .with_target(false)
-        .with_level(false)
-        // dedupq's spans, and its warnings and errors as events of the
-        // span they happen in.
-        .with_filter(
-            Targets::new()
-                .with_target(TARGET, LevelFilter::TRACE)
-                .with_target("dedupq", LevelFilter::WARN),
-        );
-    Box::new(logged.with(traces))
+    let traces = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("dedupq"))
+            // Spent per span on every message: what traces do not need.
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_target(false)
+            .with_level(false)
+            // dedupq's spans, and its warnings and errors as events of the
+            // span they happen in.
+            .with_filter(
+                Targets::new()
+                    .with_target(TARGET, LevelFilter::TRACE)
+                    .with_target("dedupq", LevelFilter::WARN),
+            )
+    });
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+    Ok(Telemetry { provider })
 }
 
 impl Telemetry {
@@ -126,37 +114,5 @@ impl Telemetry {
         if let Ok(Err(e)) = flushed {
             eprintln!("dedupq: flushing traces failed: {e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{subscriber, TARGET};
-    use crate::config::LogSettings;
-    use opentelemetry_sdk::trace::SdkTracerProvider;
-
-    #[test]
-    fn with_export_off_no_trace_span_is_made() {
-        tracing::subscriber::with_default(subscriber(&LogSettings::default(), None), || {
-            let traced = tracing::info_span!(target: TARGET, "dedupq.message");
-            assert!(
-                traced.is_disabled(),
-                "a trace span was made with export off"
-            );
-            let logged = tracing::info_span!("a span the log shows");
-            assert!(!logged.is_disabled(), "the log layer lost its spans");
-        });
-    }
-
-    #[test]
-    fn with_export_on_trace_spans_are_made() {
-        let provider = SdkTracerProvider::builder().build();
-        tracing::subscriber::with_default(
-            subscriber(&LogSettings::default(), Some(&provider)),
-            || {
-                let traced = tracing::info_span!(target: TARGET, "dedupq.message");
-                assert!(!traced.is_disabled(), "export on, but no trace span");
-            },
-        );
     }
 }

@@ -20,12 +20,29 @@ use crate::identity::{Epoch, Identity};
 use crate::message::Incoming;
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::Context;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::field::Empty;
 use tracing::{Level, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A span of this many links at most: the SDK keeps 128 per span.
 const MAX_LINKS: usize = 128;
+
+/// Whether an exporter is installed ([`super::init_with_traces`]). Without
+/// one, no span is made at all: the subscriber would still make and
+/// record each one in its registry (the log layer refuses them, but the
+/// absent exporter layer asks for every callsite), once per batch, message,
+/// statement and handler call, for nobody.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Marks traces as exported from now on (or not).
+pub(super) fn set_exporting(on: bool) {
+    EXPORTING.store(on, Ordering::Relaxed);
+}
+
+fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// The spans of one engine call: the batch, and one per message.
 pub struct BatchTrace {
@@ -37,6 +54,12 @@ impl BatchTrace {
     /// Opens the batch span and one span per message, parented and linked
     /// as the module documentation says (all disabled when tracing is off).
     pub fn open(batch: &[Incoming]) -> Self {
+        if !exporting() {
+            return Self {
+                batch: Span::none(),
+                messages: vec![Span::none(); batch.len()],
+            };
+        }
         let transport = batch
             .first()
             .map_or("none", |m| m.source.transport().label());
@@ -139,11 +162,17 @@ fn remote(producer: &SpanContext) -> Context {
 
 /// The claim statement of a round (inside the batch span).
 pub fn claim(messages: usize) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     tracing::info_span!(target: TARGET, "dedupq.claim", messages)
 }
 
 /// The statement storing finished handlers' outcomes (inside the batch span).
 pub fn finish(rows: usize) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     tracing::info_span!(target: TARGET, "dedupq.finish", rows)
 }
 
@@ -159,6 +188,9 @@ pub fn stored(message: &Span, result: &'static str) {
 
 /// One handler call: its context is what the provider receives.
 pub fn handler(message: &Span, attempt: u32, epoch: Epoch) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     tracing::info_span!(target: TARGET, parent: message, "dedupq.handler",
         otel.kind = "client", attempt, epoch = epoch.0,
         outcome = Empty, otel.status_code = Empty)
@@ -243,6 +275,7 @@ mod tests {
 
     #[test]
     fn a_batch_of_one_trace_is_a_child_of_its_first_producer_span() {
+        set_exporting(true);
         let spans = spans_of(&[message(1, Some(A)), message(2, Some(A2)), message(3, None)]);
         let (batch, messages) = (&spans[0], &spans[1..]);
         assert_eq!(batch.parent_span_id, span_id(A));
@@ -267,6 +300,7 @@ mod tests {
 
     #[test]
     fn a_batch_of_several_traces_starts_its_own_and_links_every_producer() {
+        set_exporting(true);
         let spans = spans_of(&[message(1, Some(A)), message(2, Some(B)), message(3, None)]);
         let (batch, messages) = (&spans[0], &spans[1..]);
         assert_eq!(batch.parent_span_id, SpanId::INVALID);
