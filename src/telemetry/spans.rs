@@ -35,8 +35,10 @@ const MAX_LINKS: usize = 128;
 /// statement and handler call, for nobody.
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
-/// Marks traces as exported from now on (or not).
-pub(super) fn set_exporting(on: bool) {
+/// Marks traces as exported from now on (or not). `init_with_traces`
+/// sets it; an embedder or a test that installs a subscriber of its own
+/// which wants dedupq's spans sets it too.
+pub fn set_exporting(on: bool) {
     EXPORTING.store(on, Ordering::Relaxed);
 }
 

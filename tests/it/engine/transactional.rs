@@ -242,6 +242,8 @@ async fn same_database_mode_makes_the_batch_message_and_handler_spans() {
     use tracing_subscriber::layer::SubscriberExt;
     let (store, engine) = setup().await;
     let opened = OpenedSpans::default();
+    // This subscriber wants the spans an exporter would get.
+    dedupq::telemetry::spans::set_exporting(true);
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(opened.clone()));
     // tracing caches whether a span is wanted per call site. While only one
