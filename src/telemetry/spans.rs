@@ -240,9 +240,24 @@ mod tests {
         }
     }
 
-    /// The finished spans of one engine call over `batch`: the batch span
-    /// first, then the message spans in order.
+    /// Held by every test that sets the process-wide flag, so that one
+    /// test's setting is the one its spans are made under.
+    static FLAG: Mutex<()> = Mutex::new(());
+
+    /// The batch and message spans of one engine call over `batch`: the
+    /// batch span first, then the message spans in order.
     fn spans_of(batch: &[Incoming]) -> Vec<SpanData> {
+        let mut spans = engine_spans(batch, true);
+        spans.retain(|s| s.name == "dedupq.batch" || s.name == "dedupq.message");
+        spans
+    }
+
+    /// Every finished span of one engine call over `batch` (its batch,
+    /// messages, statements and one handler call), with the flag set to
+    /// `exporting`, sorted as [`spans_of`] says.
+    fn engine_spans(batch: &[Incoming], exporting: bool) -> Vec<SpanData> {
+        let _flag = FLAG.lock().unwrap_or_else(|e| e.into_inner());
+        set_exporting(exporting);
         let kept = Kept::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(kept.clone())
@@ -257,6 +272,11 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::callsite::rebuild_interest_cache();
             let trace = BatchTrace::open(batch);
+            drop(claim(batch.len()));
+            drop(finish(batch.len()));
+            if let Some(first) = trace.messages.first() {
+                drop(handler(first, 1, Epoch(1)));
+            }
             drop(trace);
         });
         let mut spans = kept.0.lock().unwrap().clone();
@@ -277,7 +297,6 @@ mod tests {
 
     #[test]
     fn a_batch_of_one_trace_is_a_child_of_its_first_producer_span() {
-        set_exporting(true);
         let spans = spans_of(&[message(1, Some(A)), message(2, Some(A2)), message(3, None)]);
         let (batch, messages) = (&spans[0], &spans[1..]);
         assert_eq!(batch.parent_span_id, span_id(A));
@@ -302,7 +321,6 @@ mod tests {
 
     #[test]
     fn a_batch_of_several_traces_starts_its_own_and_links_every_producer() {
-        set_exporting(true);
         let spans = spans_of(&[message(1, Some(A)), message(2, Some(B)), message(3, None)]);
         let (batch, messages) = (&spans[0], &spans[1..]);
         assert_eq!(batch.parent_span_id, SpanId::INVALID);
@@ -322,5 +340,27 @@ mod tests {
             "in the batch's own trace"
         );
         assert!(untraced.links.links.is_empty());
+    }
+
+    #[test]
+    fn without_an_exporter_no_span_is_made() {
+        let batch = [message(1, Some(A)), message(2, Some(B)), message(3, None)];
+        let exported = engine_spans(&batch, true);
+        let names: Vec<&str> = exported.iter().map(|s| s.name.as_ref()).collect();
+        for name in [
+            "dedupq.batch",
+            "dedupq.message",
+            "dedupq.claim",
+            "dedupq.finish",
+            "dedupq.handler",
+        ] {
+            assert!(names.contains(&name), "{name} exported: {names:?}");
+        }
+        let off = engine_spans(&batch, false);
+        assert!(
+            off.is_empty(),
+            "spans made with no exporter installed: {:?}",
+            off.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
     }
 }
