@@ -116,8 +116,8 @@ async fn claim(
         .start_timer();
     // Shared with the claims of concurrent callers (see group.rs).
     let got = inner
-        .claims
-        .write(rows)
+        .statements
+        .claim(rows)
         .instrument(spans::claim(n))
         .await
         .inspect_err(|e| inner.watch.failed(e))?;

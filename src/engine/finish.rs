@@ -119,6 +119,7 @@ pub(super) async fn store_verdicts(
             identity: &owned[*j].pending.parsed.identity,
             epoch: owned[*j].claim.epoch,
             finish: v.finish.clone(),
+            at: owned[*j].claim.at,
         })
         .collect();
     let timer = inner
@@ -134,12 +135,13 @@ pub(super) async fn store_verdicts(
                 identity: w.identity.clone(),
                 epoch: w.epoch,
                 finish: w.finish.clone(),
+                at: w.at,
             })
             .collect()
     };
     let whole = inner
         .watch
-        .retry(|| inner.finishes.write(rows()))
+        .retry(|| inner.statements.finish(rows()))
         .instrument(spans::finish(writes.len()))
         .await;
     timer.observe_duration();
@@ -170,6 +172,7 @@ async fn store_alone(inner: &Inner, write: &FinishWrite<'_>) -> Result<Stored, S
             identity: write.identity,
             epoch: write.epoch,
             finish,
+            at: write.at,
         }];
         async move { inner.watch.retry(|| inner.store.finish_batch(&one)).await }
     };

@@ -1,7 +1,7 @@
 //! What the clones of one leased [`Engine`](super::Engine) share: the key
 //! table, the handler, the rules, and the state that outlives a batch.
 
-use super::group::{Claims, Finishes, Group};
+use super::group::Group;
 use super::message::Parser;
 use super::options::EngineOptions;
 use super::parked::Parked;
@@ -33,10 +33,8 @@ pub(super) struct Inner {
     pub parked: Parked,
     /// How key-table statements fare; writes retried through an outage.
     pub watch: StoreWatch,
-    /// Claims of concurrent callers, sharing statements.
-    pub claims: Group<Claims>,
-    /// Finishes of concurrent callers, sharing statements.
-    pub finishes: Group<Finishes>,
+    /// Claims and finishes of concurrent callers, sharing statements.
+    pub statements: Group,
 }
 
 impl Inner {
@@ -57,19 +55,15 @@ impl Inner {
         );
         // Small groups: one statement at a time, a second beside a stalled one.
         let lanes = store.claim_lanes().min(2);
-        let claims = Claims {
-            owner: options.owner.clone(),
-            lease: options.lease,
-        };
         Self {
-            claims: Group::new(
-                claims,
+            statements: Group::new(
                 store.clone(),
+                options.owner.clone(),
+                options.lease,
                 options.max_batch,
                 lanes,
                 Some(metrics.claim_batch_size.clone()),
             ),
-            finishes: Group::new(Finishes, store.clone(), options.max_batch, lanes, None),
             permits: Semaphore::new(options.concurrency),
             gate: ProviderGate::new(
                 options.outage_after,

@@ -110,6 +110,7 @@ impl Parked {
             identity,
             epoch,
             finish: finish.clone(),
+            at: None,
         }];
         match self.store.finish_batch(&write).await {
             Ok(w) if w.first() == Some(&Written::Landed) => {

@@ -35,6 +35,10 @@ use std::time::Duration;
 /// other statement changes it. (`xmax = 0`, the usual test, is a system
 /// column, which RETURNING of a partitioned table cannot read.)
 ///
+/// A written row also comes back with where its version lies (its
+/// partition and `ctid`), so that the finish can reach it without
+/// descending the primary key again (see [`RowAt`]).
+///
 /// Whether a lease is over, and how long it has left, is PostgreSQL's
 /// answer (`lease_over`, `lease_left` in seconds): the worker's clock may
 /// be off.
@@ -46,8 +50,8 @@ use std::time::Duration;
 /// nested loop over both lists: for 500 keys, 250 000 comparisons and
 /// 13 of the statement's 17 ms (EXPLAIN ANALYZE; BENCHMARKS.md). Neither
 /// list holds a NULL (both columns are NOT NULL), so the two mean the same.
-const CLAIM_SQL: &str = r#"
-WITH input AS (
+pub(super) const CLAIM_CTES: &str = r#"
+input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int2[],
                          $5::bytea[], $6::text[], $7::text[], $10::bytea[], $11::text[])
         WITH ORDINALITY AS i(tenant, key, fingerprint, fingerprint_version,
@@ -89,34 +93,52 @@ claimed AS (
               CASE WHEN k.epoch = 1 THEN NULL ELSE k.request_content_type END AS stored_content_type,
               CASE WHEN k.epoch = 1 THEN NULL ELSE k.derived_key END AS stored_derived_key,
               CASE WHEN k.epoch = 1 THEN 0
-                   ELSE extract(epoch FROM (now() - k.created_at)) END::float8 AS age
+                   ELSE extract(epoch FROM (now() - k.created_at)) END::float8 AS age,
+              k.tableoid::int8 AS at_table, k.ctid::text AS at_tid
 ),
 unclaimed AS MATERIALIZED (
     SELECT i.ord, i.tenant, i.key FROM input i
     WHERE (i.tenant, i.key) NOT IN (SELECT c.tenant, c.key FROM claimed c)
 )
+"#;
+
+/// What the claim's common table expressions answer: one row per key, as
+/// [`classify`] reads it, and a last column (`finished`) that only a
+/// statement sharing the claim with finishes fills.
+pub(super) const CLAIM_SELECT: &str = r#"
 SELECT NULL::int8 AS ord, c.tenant, c.key,
        c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
        c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
-       c.age AS claimed_age,
+       c.age AS claimed_age, c.at_table, c.at_tid,
        NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
        NULL::timestamptz AS lease_until, NULL::bool AS lease_over,
        NULL::float8 AS lease_left, NULL::int4 AS attempts,
        NULL::int4 AS result_status, NULL::bytea AS result_body,
-       NULL::text AS result_content_type, NULL::text AS route
+       NULL::text AS result_content_type, NULL::text AS route,
+       NULL::int8 AS finished
 FROM claimed c
 UNION ALL
 SELECT u.ord, NULL, NULL,
        NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        k.status, k.fingerprint, k.fingerprint_version,
        k.lease_until, ((k.lease_until <= now()) IS TRUE),
        extract(epoch FROM (k.lease_until - now()))::float8, k.attempts,
        k.result_status, k.result_body,
-       k.result_content_type, k.route
+       k.result_content_type, k.route,
+       NULL
 FROM unclaimed u
 JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 "#;
+
+/// Columns of [`CLAIM_SELECT`] before `finished`.
+pub(super) const CLAIM_COLUMNS: usize = 24;
+
+/// The claim on its own.
+pub(super) fn claim_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| format!("WITH {CLAIM_CTES}{CLAIM_SELECT}"))
+}
 
 /// One message to claim: its identity and operation, and the request a
 /// new key stores for every later attempt.
@@ -209,6 +231,52 @@ pub struct Claim {
     /// How long ago the key was first claimed, by PostgreSQL's clock (zero
     /// for a new key): what `handler.retry_for` is measured against.
     pub age: Duration,
+    /// Where the row version this claim wrote lies: a hint for the write
+    /// that ends the claim (None when the claim did not say).
+    pub at: Option<RowAt>,
+}
+
+/// Where one version of a key's row lies: its partition and its `ctid`.
+/// A finish looks the row up there first, which costs one page instead of
+/// a descent of the primary key (four levels and a cache miss on each at
+/// ten million keys). It is only a hint: the row is still matched on its
+/// key and epoch there, and a row that moved since (a lease renewal writes
+/// a new version) is found through the primary key as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowAt {
+    /// The partition's `tableoid`.
+    pub table: u32,
+    /// The `ctid`'s block.
+    pub block: u32,
+    /// The `ctid`'s line pointer.
+    pub offset: u16,
+}
+
+impl RowAt {
+    /// Reads the `at_table` and `at_tid` columns (a `ctid` as PostgreSQL
+    /// prints it: `(block,offset)`); None when either is missing or cannot
+    /// be read, which only costs the finish its shortcut.
+    pub(super) fn read(row: &PgRow) -> Result<Option<Self>, StoreError> {
+        let table = row.try_get::<Option<i64>, _>("at_table")?;
+        let tid = row.try_get::<Option<String>, _>("at_tid")?;
+        Ok(table
+            .zip(tid)
+            .and_then(|(table, tid)| Self::parse(table, &tid)))
+    }
+
+    fn parse(table: i64, tid: &str) -> Option<Self> {
+        let (block, offset) = tid.strip_prefix('(')?.strip_suffix(')')?.split_once(',')?;
+        Some(Self {
+            table: u32::try_from(table).ok()?,
+            block: block.parse().ok()?,
+            offset: offset.parse().ok()?,
+        })
+    }
+
+    /// The `ctid` as PostgreSQL reads it.
+    pub(super) fn tid(&self) -> String {
+        format!("({},{})", self.block, self.offset)
+    }
 }
 
 /// What claiming one key found, which decides what becomes of its message.
@@ -304,44 +372,17 @@ impl Store {
     ) -> Result<Vec<ClaimResult>, StoreError> {
         let input = ClaimInput::new(requests);
         let rows = input
-            .bind(sqlx::query(CLAIM_SQL), owner, lease)
+            .bind(sqlx::query(claim_sql()), owner, lease)
             .fetch_all(self.pool())
             .await
             .map_err(|e| self.noted(e))?;
-
-        let ClaimInput {
-            order,
-            tenants,
-            keys,
-            ..
-        } = input;
-        let sorted: Vec<(&str, &str)> = tenants.iter().copied().zip(keys.iter().copied()).collect();
-        let mut results = vec![ClaimResult::Contended; requests.len()];
-        for row in rows {
-            let position = match row.try_get::<Option<i64>, _>("ord")? {
-                Some(ord) => (ord - 1) as usize,
-                // A written row: its identity, in the sorted input.
-                None => {
-                    let id: (&str, &str) = (row.try_get("tenant")?, row.try_get("key")?);
-                    sorted.binary_search(&id).map_err(|_| {
-                        StoreError::Corrupt(format!(
-                            "claimed {}/{}, which was not asked for",
-                            id.0, id.1
-                        ))
-                    })?
-                }
-            };
-            let request_index = order[position];
-            let request = &requests[request_index];
-            results[request_index] = classify(&row, request.fingerprint, request.route)?;
-        }
-        Ok(results)
+        input.results(requests, &rows)
     }
 }
 
 /// A claim's input as the statement takes it: one array per column, in
 /// key order (so that concurrent statements lock rows in the same order).
-struct ClaimInput<'a> {
+pub(super) struct ClaimInput<'a> {
     /// `order[i]`: which request is the `i`-th in key order.
     order: Vec<usize>,
     tenants: Vec<&'a str>,
@@ -356,7 +397,7 @@ struct ClaimInput<'a> {
 }
 
 impl<'a> ClaimInput<'a> {
-    fn new(requests: &[ClaimRequest<'a>]) -> Self {
+    pub(super) fn new(requests: &[ClaimRequest<'a>]) -> Self {
         let order = sorted_order(requests, |r| {
             (r.identity.tenant.as_str(), r.identity.key.as_str())
         });
@@ -377,7 +418,42 @@ impl<'a> ClaimInput<'a> {
         }
     }
 
-    fn bind<'q>(
+    /// Every request's result, in request order, from the rows the claim
+    /// answered (a request with no row raced a concurrent claimer).
+    pub(super) fn results(
+        &self,
+        requests: &[ClaimRequest<'_>],
+        rows: &[PgRow],
+    ) -> Result<Vec<ClaimResult>, StoreError> {
+        let sorted: Vec<(&str, &str)> = self
+            .tenants
+            .iter()
+            .copied()
+            .zip(self.keys.iter().copied())
+            .collect();
+        let mut results = vec![ClaimResult::Contended; requests.len()];
+        for row in rows {
+            let position = match row.try_get::<Option<i64>, _>("ord")? {
+                Some(ord) => (ord - 1) as usize,
+                // A written row: its identity, in the sorted input.
+                None => {
+                    let id: (&str, &str) = (row.try_get("tenant")?, row.try_get("key")?);
+                    sorted.binary_search(&id).map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "claimed {}/{}, which was not asked for",
+                            id.0, id.1
+                        ))
+                    })?
+                }
+            };
+            let request_index = self.order[position];
+            let request = &requests[request_index];
+            results[request_index] = classify(row, request.fingerprint, request.route)?;
+        }
+        Ok(results)
+    }
+
+    pub(super) fn bind<'q>(
         &'q self,
         query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
         owner: &'q str,
@@ -418,7 +494,7 @@ impl Store {
             "SET LOCAL plan_cache_mode = force_custom_plan"
         };
         sqlx::query(mode).execute(&mut *tx).await?;
-        let sql = format!("EXPLAIN (COSTS OFF) {CLAIM_SQL}");
+        let sql = format!("EXPLAIN (COSTS OFF) {}", claim_sql());
         let lines: Vec<String> = input
             .bind(sqlx::query(&sql), "explain", Duration::from_secs(30))
             .fetch_all(&mut *tx)
@@ -457,6 +533,7 @@ pub(super) fn classify(
                 .try_get::<Option<f64>, _>("claimed_age")?
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .unwrap_or_default(),
+            at: RowAt::read(row)?,
         };
         return Ok(if inserted {
             ClaimResult::Won(claim)

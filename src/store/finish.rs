@@ -1,7 +1,7 @@
 //! Writes that end (or pause) a claim. Every one is fenced by the epoch the
 //! claim returned: a write that matches no row means the lease was lost.
 
-use super::{sorted_order, Store, StoreError};
+use super::{sorted_order, RowAt, Store, StoreError};
 use crate::identity::{Epoch, Identity};
 use sqlx::Row;
 
@@ -21,12 +21,25 @@ const EPOCH_FENCE: &str = "";
 /// It changes no indexed column of an ordinary key (`uncertain_since`
 /// stays NULL, see migration 0003), so on a page with room it is a HOT
 /// update: no index entry is written.
-fn finish_sql() -> &'static str {
+///
+/// Each row is looked up first where its claim wrote it (`at_table`,
+/// `at_tid`: one page, pruned to its partition by the key), then, if it is
+/// not there (no hint, or the row moved: a renewal wrote a newer version),
+/// through the primary key. Both look-ups match the key, the epoch and an
+/// open row, so the hint never decides which row is written; the second
+/// skips the rows the first wrote, so no row is written twice.
+pub(super) fn finish_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            r#"
-UPDATE dedupq_keys AS k SET
+    SQL.get_or_init(|| format!("WITH {}\n{FINISH_SELECT}", finish_ctes(0)))
+}
+
+/// The rows a finish wrote: their positions (`ord`) in its sorted input.
+const FINISH_SELECT: &str = "SELECT ord FROM at_row UNION ALL SELECT ord FROM by_key";
+
+/// The finish's common table expressions (`u`, `at_row`, `by_key`), its
+/// twelve parameters numbered from `first + 1`.
+pub(super) fn finish_ctes(first: usize) -> String {
+    let set = r#"
     status = u.status,
     result_status = u.result_status,
     result_body = u.result_body,
@@ -39,18 +52,48 @@ UPDATE dedupq_keys AS k SET
                            ELSE k.uncertain_since END,
     attempts = k.attempts - u.refund,
     attempt_open = false,
-    updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::int4[], $6::bytea[],
-            $7::text[], $8::text[], $9::bool[], $10::int4[])
-    WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body,
-                         result_content_type, error, hold, refund, ord)
-WHERE k.tenant = u.tenant AND k.key = u.key
-  AND k.completed_at IS NULL
-  {EPOCH_FENCE}
-RETURNING u.ord
-"#
-        )
-    })
+    updated_at = now()"#;
+    let p = |n: usize| format!("${}", first + n);
+    format!(
+        r#"
+u AS (
+    SELECT * FROM unnest({}::text[], {}::text[], {}::int8[], {}::text[], {}::int4[], {}::bytea[],
+                         {}::text[], {}::text[], {}::bool[], {}::int4[], {}::int8[],
+                         {}::text[]::tid[])
+        WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body,
+                             result_content_type, error, hold, refund, at_table, at_tid, ord)
+),
+at_row AS (
+    UPDATE dedupq_keys AS k SET{set}
+    FROM u
+    WHERE k.ctid = u.at_tid AND k.tableoid = u.at_table::oid
+      AND k.tenant = u.tenant AND k.key = u.key
+      AND k.completed_at IS NULL
+      {EPOCH_FENCE}
+    RETURNING u.ord
+),
+by_key AS (
+    UPDATE dedupq_keys AS k SET{set}
+    FROM u
+    WHERE u.ord NOT IN (SELECT a.ord FROM at_row a)
+      AND k.tenant = u.tenant AND k.key = u.key
+      AND k.completed_at IS NULL
+      {EPOCH_FENCE}
+    RETURNING u.ord
+)"#,
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8),
+        p(9),
+        p(10),
+        p(11),
+        p(12),
+    )
 }
 
 /// How a claim ends.
@@ -180,6 +223,9 @@ pub struct FinishWrite<'a> {
     pub epoch: Epoch,
     /// How the claim ends.
     pub finish: Finish,
+    /// Where the claim wrote the row ([`Claim::at`](super::Claim::at)):
+    /// looked at first, the primary key if the row is not there.
+    pub at: Option<RowAt>,
 }
 
 impl Store {
@@ -210,58 +256,110 @@ impl Store {
     }
 
     async fn finish_statement(&self, writes: &[&FinishWrite<'_>]) -> Result<Vec<bool>, StoreError> {
+        let input = FinishInput::new(writes);
+        let rows = input
+            .bind(sqlx::query(finish_sql()))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| self.noted(e))?;
+        let mut landed = vec![false; writes.len()];
+        for row in rows {
+            input.landed(row.try_get("ord")?, &mut landed)?;
+        }
+        Ok(landed)
+    }
+}
+
+/// A finish's input as the statement takes it: one array per column, in
+/// key order (so that concurrent statements lock rows in the same order).
+pub(super) struct FinishInput<'a> {
+    /// `order[i]`: which write is the `i`-th in key order.
+    order: Vec<usize>,
+    tenants: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    epochs: Vec<i64>,
+    statuses: Vec<&'static str>,
+    result_statuses: Vec<Option<i32>>,
+    bodies: Vec<Option<&'a [u8]>>,
+    content_types: Vec<Option<String>>,
+    errors: Vec<Option<String>>,
+    holds: Vec<bool>,
+    refunds: Vec<i32>,
+    at_tables: Vec<Option<i64>>,
+    at_tids: Vec<Option<String>>,
+}
+
+impl<'a> FinishInput<'a> {
+    pub(super) fn new(writes: &[&'a FinishWrite<'a>]) -> Self {
         let order = sorted_order(writes, |w| {
             (w.identity.tenant.as_str(), w.identity.key.as_str())
         });
         let n = writes.len();
-        let mut tenants = Vec::with_capacity(n);
-        let mut keys = Vec::with_capacity(n);
-        let mut epochs = Vec::with_capacity(n);
-        let mut statuses = Vec::with_capacity(n);
-        let mut result_statuses = Vec::with_capacity(n);
-        let mut bodies: Vec<Option<&[u8]>> = Vec::with_capacity(n);
-        let mut content_types: Vec<Option<String>> = Vec::with_capacity(n);
-        let mut errors = Vec::with_capacity(n);
-        let mut holds = Vec::with_capacity(n);
-        let mut refunds = Vec::with_capacity(n);
-        let columns: Vec<Columns<'_>> = writes.iter().map(|w| w.finish.columns()).collect();
+        let mut input = Self {
+            order: Vec::new(),
+            tenants: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            epochs: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            result_statuses: Vec::with_capacity(n),
+            bodies: Vec::with_capacity(n),
+            content_types: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            holds: Vec::with_capacity(n),
+            refunds: Vec::with_capacity(n),
+            at_tables: Vec::with_capacity(n),
+            at_tids: Vec::with_capacity(n),
+        };
         for &i in &order {
-            let w = &writes[i];
-            let c = &columns[i];
-            tenants.push(w.identity.tenant.as_str());
-            keys.push(w.identity.key.as_str());
-            epochs.push(w.epoch.0);
-            statuses.push(c.status);
-            result_statuses.push(c.result.map(|r| r.status));
-            bodies.push(c.result.map(|r| r.body.as_slice()));
-            content_types.push(
+            let w: &'a FinishWrite<'a> = writes[i];
+            let c = w.finish.columns();
+            input.tenants.push(w.identity.tenant.as_str());
+            input.keys.push(w.identity.key.as_str());
+            input.epochs.push(w.epoch.0);
+            input.statuses.push(c.status);
+            input.result_statuses.push(c.result.map(|r| r.status));
+            input.bodies.push(c.result.map(|r| r.body.as_slice()));
+            input.content_types.push(
                 c.result
                     .and_then(|r| r.content_type.as_deref())
                     .map(|t| clean_text(t, 255)),
             );
-            errors.push(c.error.clone());
-            holds.push(c.hold);
-            refunds.push(c.refund);
+            input.errors.push(c.error);
+            input.holds.push(c.hold);
+            input.refunds.push(c.refund);
+            input.at_tables.push(w.at.map(|a| i64::from(a.table)));
+            input.at_tids.push(w.at.map(|a| a.tid()));
         }
-        let rows = sqlx::query(finish_sql())
-            .bind(&tenants)
-            .bind(&keys)
-            .bind(&epochs)
-            .bind(&statuses)
-            .bind(&result_statuses)
-            .bind(&bodies)
-            .bind(&content_types)
-            .bind(&errors)
-            .bind(&holds)
-            .bind(&refunds)
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
-        let mut landed = vec![false; n];
-        for row in rows {
-            let ord: i64 = row.try_get("ord")?;
-            landed[order[(ord - 1) as usize]] = true;
-        }
-        Ok(landed)
+        input.order = order;
+        input
+    }
+
+    pub(super) fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.tenants)
+            .bind(&self.keys)
+            .bind(&self.epochs)
+            .bind(&self.statuses)
+            .bind(&self.result_statuses)
+            .bind(&self.bodies)
+            .bind(&self.content_types)
+            .bind(&self.errors)
+            .bind(&self.holds)
+            .bind(&self.refunds)
+            .bind(&self.at_tables)
+            .bind(&self.at_tids)
+    }
+
+    /// Marks the write at position `ord` (1-based, in key order) landed.
+    pub(super) fn landed(&self, ord: i64, landed: &mut [bool]) -> Result<(), StoreError> {
+        let write = usize::try_from(ord - 1)
+            .ok()
+            .and_then(|i| self.order.get(i))
+            .ok_or_else(|| StoreError::Corrupt(format!("a finish answered for row {ord}")))?;
+        landed[*write] = true;
+        Ok(())
     }
 }

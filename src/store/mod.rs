@@ -13,10 +13,11 @@ mod maintenance;
 mod preflight;
 mod repair;
 mod schema;
+mod together;
 mod transactional;
 
 pub use admin::{AuditRow, KeyFilter, KeyRow};
-pub use claim::{Claim, ClaimRequest, ClaimResult, StoredRequest, StoredResult};
+pub use claim::{Claim, ClaimRequest, ClaimResult, RowAt, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::{StoreError, STORE_ERROR_CLASSES};
 pub use finish::{Answer, Finish, FinishWrite, Written};
@@ -85,6 +86,19 @@ impl KeyStatus {
 
 /// Sorts batch inputs by identity so that concurrent batches lock rows in
 /// the same order and cannot deadlock each other.
+/// The text of the batch statements that reach keys by their identity
+/// (`claim`, `finish`, `claim and finish`), as dedupq sends them; None
+/// for another name. For tests that read how PostgreSQL plans them.
+#[doc(hidden)]
+pub fn statement_sql(name: &str) -> Option<&'static str> {
+    match name {
+        "claim" => Some(claim::claim_sql()),
+        "finish" => Some(finish::finish_sql()),
+        "claim and finish" => Some(together::together_sql()),
+        _ => None,
+    }
+}
+
 fn sorted_order<T>(items: &[T], key: impl Fn(&T) -> (&str, &str)) -> Vec<usize> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|&a, &b| key(&items[a]).cmp(&key(&items[b])));

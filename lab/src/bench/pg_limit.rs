@@ -151,6 +151,7 @@ async fn drive(
                     body: br#"{"charged":true}"#.to_vec(),
                     content_type: Some("application/json".into()),
                 }),
+                at: claim.at,
             });
         }
         let landed = store.finish_batch(&writes).await?;

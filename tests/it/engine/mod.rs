@@ -11,6 +11,7 @@ mod odd_answers;
 mod partitions;
 mod renewal;
 mod retention;
+mod row_hint;
 mod scale_out;
 mod takeover;
 mod tenants;

@@ -22,16 +22,21 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
         .claim_batch(&[request], "crashed-worker", Duration::from_secs(1))
         .await
         .unwrap();
+    let [ClaimResult::Won(won)] = &crashed[..] else {
+        panic!("a new key is won: {crashed:?}");
+    };
     assert_eq!(
-        crashed,
-        vec![ClaimResult::Won(Claim {
+        *won,
+        Claim {
             epoch: Epoch(1),
             attempts: 1,
             uncertain: false,
             stored_request: None,
             age: Duration::ZERO,
-        })]
+            at: won.at,
+        }
     );
+    assert!(won.at.is_some(), "a claim says where it wrote the row");
 
     let handler = Arc::new(Recording::with_delay(Duration::from_millis(1500)));
     let engine = support::engine(&store, handler.clone(), support::fast_options());
@@ -71,6 +76,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
                 body: json!({"stale": true}).to_string().into_bytes(),
                 content_type: None,
             }),
+            at: None,
         }])
         .await
         .unwrap();

@@ -114,6 +114,7 @@ async fn keys_settle_under_a_cli_clock_30s_slow_settles_an_unknown_key_whose_lea
             identity: &id,
             epoch: claim.epoch,
             finish: unknown,
+            at: claim.at,
         }])
         .await
         .unwrap();
