@@ -21,12 +21,13 @@ async fn statement_stats(admin: &sqlx::PgPool, db: &str, needle: &str) -> Vec<(i
     .collect()
 }
 
-#[tokio::test]
-async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too() {
+/// A store in a database of its own, so that its statements can be told
+/// apart in `pg_stat_statements`; the admin pool and the database's name.
+async fn store_in_own_database(prefix: &str) -> (Store, sqlx::PgPool, String) {
     let admin = sqlx::PgPool::connect(&support::database_url())
         .await
         .unwrap();
-    let db = support::unique("claims");
+    let db = support::unique(prefix);
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&admin)
         .await
@@ -39,6 +40,20 @@ async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too
     };
     let store = Store::connect_lazy(&settings).unwrap();
     store.migrate(None).await.unwrap();
+    (store, admin, db)
+}
+
+async fn drop_database(store: Store, admin: &sqlx::PgPool, db: &str) {
+    store.pool().close().await;
+    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too() {
+    let (store, admin, db) = store_in_own_database("claims").await;
 
     let handler = Arc::new(Recording::default());
     let mut options = support::fast_options();
@@ -64,12 +79,53 @@ async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too
         calls <= 20,
         "results are stored in batches, not one by one ({calls} statements)"
     );
+    drop_database(store, &admin, &db).await;
+}
 
-    store.pool().close().await;
-    sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .execute(&admin)
+/// Callers deciding one message each (an HTTP request, an embedder) share
+/// statements, and a statement carries one caller's finish together with
+/// other callers' claims: fewer commits than a claim and a finish each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_messages_share_statements_that_claim_and_finish_together() {
+    const N: usize = 200;
+    let (store, admin, db) = store_in_own_database("together").await;
+    let handler = Arc::new(Recording::default());
+    let engine = support::engine(&store, handler.clone(), support::fast_options());
+    let decided = futures::future::join_all((0..N).map(|i| {
+        let engine = engine.clone();
+        async move {
+            let msg = support::message("acme", &format!("one-{i}"), r#"{"amount": 1}"#);
+            engine.process(std::slice::from_ref(&msg)).await.unwrap()
+        }
+    }))
+    .await;
+    assert!(decided.iter().all(|d| d[0].outcome == Outcome::Processed));
+    assert_eq!(handler.count(), N);
+    assert_eq!(support::count_rows(&store).await, N as i64);
+
+    // The statement that claims and finishes: both parts in one text.
+    let all = statement_stats(&admin, &db, "INSERT INTO dedupq_keys AS k").await;
+    let together = statement_stats(&admin, &db, "at_row AS").await;
+    let together: Vec<_> = together.into_iter().filter(|s| all.contains(s)).collect();
+    let (calls, _) = together.first().copied().unwrap_or_default();
+    assert!(calls > 0, "no statement claimed and finished together");
+    let statements: i64 = statement_stats(&admin, &db, "dedupq_keys AS k")
         .await
-        .unwrap();
+        .iter()
+        .map(|(calls, _)| calls)
+        .sum();
+    assert!(
+        statements < N as i64,
+        "{N} messages took {statements} claim and finish statements (a pair each would be {})",
+        2 * N
+    );
+    let finished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM dedupq_keys WHERE status = 'done'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(finished, N as i64, "every outcome stored");
+    drop_database(store, &admin, &db).await;
 }
 
 /// The claim statement tells the keys it did not write from the ones it
