@@ -9,7 +9,7 @@ use super::decision::{Action, DeadLetterReason, Decision, Outcome};
 use super::finish::{self, Stored};
 use super::inner::Inner;
 use super::lease::LeaseKeeper;
-use super::message::{Incoming, Parser};
+use super::message::{Incoming, InvalidReason, Parsed, Parser};
 use super::options::EngineOptions;
 use super::pipeline::{Pipeline, Unavailable};
 use super::record::record;
@@ -97,21 +97,47 @@ impl Engine {
     /// batch may be committed (PostgreSQL is out of reach, or intake is
     /// paused for a provider outage); deliver it again later.
     pub async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable> {
+        let parsed = batch
+            .iter()
+            .map(|msg| self.inner.parser.parse(msg))
+            .collect();
+        self.process_read(batch, parsed).await
+    }
+
+    /// [`Engine::process`] for messages already read by this engine's
+    /// parser (`parsed[i]` of `batch[i]`): nothing is parsed again.
+    pub async fn process_parsed(
+        &self,
+        batch: &[Incoming],
+        parsed: Vec<Parsed>,
+    ) -> Result<Vec<Decision>, Unavailable> {
+        self.process_read(batch, parsed.into_iter().map(Ok).collect())
+            .await
+    }
+
+    async fn process_read(
+        &self,
+        batch: &[Incoming],
+        parsed: Vec<Result<Parsed, InvalidReason>>,
+    ) -> Result<Vec<Decision>, Unavailable> {
         let trace = BatchTrace::open(batch);
         let span = trace.span().clone();
-        self.process_traced(batch, &trace).instrument(span).await
+        self.process_traced(batch, parsed, &trace)
+            .instrument(span)
+            .await
     }
 
     async fn process_traced(
         &self,
         batch: &[Incoming],
+        parsed: Vec<Result<Parsed, InvalidReason>>,
         trace: &BatchTrace,
     ) -> Result<Vec<Decision>, Unavailable> {
         let inner = &*self.inner;
         let mut decisions: Vec<Option<Decision>> = vec![None; batch.len()];
         let mut pending = Vec::new();
-        for (index, msg) in batch.iter().enumerate() {
-            match inner.parser.parse(msg) {
+        for (index, read) in parsed.into_iter().enumerate() {
+            match read {
                 Ok(parsed) => {
                     pending.push(Pending::new(index, parsed, trace.message(index).clone()))
                 }
@@ -298,6 +324,14 @@ impl Engine {
 impl Pipeline for Engine {
     async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable> {
         Engine::process(self, batch).await
+    }
+
+    async fn process_parsed(
+        &self,
+        batch: &[Incoming],
+        parsed: Vec<Parsed>,
+    ) -> Result<Vec<Decision>, Unavailable> {
+        Engine::process_parsed(self, batch, parsed).await
     }
 
     fn parser(&self) -> &Parser {

@@ -5,7 +5,7 @@
 //! Kafka, RabbitMQ or the HTTP API.
 
 use super::decision::Decision;
-use super::message::{Incoming, Parser};
+use super::message::{Incoming, Parsed, Parser};
 use crate::backoff::Backoff;
 use crate::metrics::Metrics;
 use crate::store::StoreError;
@@ -47,6 +47,19 @@ pub trait Pipeline: Send + Sync + 'static {
     /// out of reach or intake is paused for a provider outage: nothing of
     /// the batch is durable, deliver it again.
     async fn process(&self, batch: &[Incoming]) -> Result<Vec<Decision>, Unavailable>;
+
+    /// The same for messages the transport already read with
+    /// [`Pipeline::parser`] (the HTTP API checks each request before it
+    /// decides it): `parsed[i]` is what that parser made of `batch[i]`.
+    /// An engine may use it instead of parsing again.
+    async fn process_parsed(
+        &self,
+        batch: &[Incoming],
+        parsed: Vec<Parsed>,
+    ) -> Result<Vec<Decision>, Unavailable> {
+        debug_assert_eq!(batch.len(), parsed.len());
+        self.process(batch).await
+    }
 
     /// The identity rules (AMQP reads the key header's name for its
     /// `message_id` fallback).

@@ -5,10 +5,9 @@
 
 use crate::config::{ConfigError, IdentitySettings, TenantSource};
 use crate::engine::{
-    Action, DeadLetterReason, Decision, Header, Incoming, InvalidReason, Outcome, Pipeline, Source,
-    Unavailable, ROUTE_HEADER,
+    Action, DeadLetterReason, Decision, Header, Incoming, InvalidReason, Outcome, Parsed, Pipeline,
+    Source, Unavailable, ROUTE_HEADER,
 };
-use crate::fingerprint::Fingerprint;
 use crate::identity::{IdempotencyKey, Identity, Tenant};
 use crate::message::Transport;
 use crate::metrics::Metrics;
@@ -78,8 +77,9 @@ pub(super) enum Reply {
 /// A command that passed the identity rules: ready to claim or publish.
 pub(super) struct Checked {
     incoming: Incoming,
-    identity: Identity,
-    fingerprint: Fingerprint,
+    /// What the engine's parser read from it: the engine decides it
+    /// without reading it again.
+    parsed: Parsed,
     route: String,
 }
 
@@ -112,12 +112,12 @@ fn text_headers(incoming: &Incoming) -> Vec<(String, Vec<u8>)> {
 
 impl Checked {
     pub(super) fn identity(&self) -> &Identity {
-        &self.identity
+        &self.parsed.identity
     }
 
     pub(super) fn publication(&self) -> Publication {
         Publication {
-            key: self.identity.key.as_str().to_string(),
+            key: self.parsed.identity.key.as_str().to_string(),
             headers: text_headers(&self.incoming),
             body: self.incoming.body.clone(),
             content_type: self.incoming.content_type.clone(),
@@ -216,8 +216,7 @@ impl Gate {
         match self.pipeline.parser().parse(&incoming) {
             Ok(parsed) => Ok(Checked {
                 incoming,
-                identity: parsed.identity,
-                fingerprint: parsed.fingerprint,
+                parsed,
                 route: cmd.route.to_string(),
             }),
             Err(reason) => {
@@ -233,21 +232,25 @@ impl Gate {
     /// connection (a row locked elsewhere, or a slow handler, can then
     /// never fill the pool with waiting claims of one key).
     pub(super) async fn decide(&self, checked: Checked) -> Reply {
-        let fresh = lock(&self.deciding).insert(checked.identity.clone());
+        let Checked {
+            incoming, parsed, ..
+        } = checked;
+        let identity = parsed.identity.clone();
+        let fresh = lock(&self.deciding).insert(identity.clone());
         if !fresh {
             self.count(Outcome::InFlight);
             return Reply::InFlight {
                 retry_after: SHARED_CLAIM_RETRY,
             };
         }
-        let _deciding = Deciding {
+        let deciding = Deciding {
             set: &self.deciding,
-            identity: checked.identity.clone(),
+            identity,
         };
-        let batch = std::slice::from_ref(&checked.incoming);
-        let verdict = match self.pipeline.process(batch).await {
+        let batch = std::slice::from_ref(&incoming);
+        let verdict = match self.pipeline.process_parsed(batch, vec![parsed]).await {
             Ok(mut decisions) => match decisions.pop() {
-                Some(d) => self.verdict(d, &checked).await,
+                Some(d) => self.verdict(d, &deciding.identity).await,
                 None => Reply::Unavailable {
                     detail: "no decision was made".into(),
                 },
@@ -258,7 +261,7 @@ impl Gate {
             },
         };
         if let Reply::Stored { .. } = verdict {
-            let took = (Utc::now() - checked.incoming.received_at).to_std();
+            let took = (Utc::now() - incoming.received_at).to_std();
             self.metrics()
                 .end_to_end
                 .with_label_values(&[Transport::Http.label()])
@@ -267,7 +270,7 @@ impl Gate {
         verdict
     }
 
-    async fn verdict(&self, d: Decision, checked: &Checked) -> Reply {
+    async fn verdict(&self, d: Decision, identity: &Identity) -> Reply {
         match d.action {
             // Held for an operator after every attempt: answered unknown.
             Action::Commit { reply: Some(r) } if r.status == KeyStatus::Unknown => {
@@ -277,7 +280,7 @@ impl Gate {
                 result: stored(r),
                 replayed: d.outcome == Outcome::Duplicate,
             },
-            Action::Commit { reply: None } => self.read_stored(checked).await,
+            Action::Commit { reply: None } => self.read_stored(identity).await,
             // Nothing reached the provider (or it kept pointing at the
             // configuration): the key is free for the client's retry.
             Action::DeadLetter {
@@ -320,8 +323,8 @@ impl Gate {
         }
     }
 
-    async fn read_stored(&self, checked: &Checked) -> Reply {
-        match self.store.lookup(&checked.identity).await {
+    async fn read_stored(&self, identity: &Identity) -> Reply {
+        match self.store.lookup(identity).await {
             Ok(Some(KeyState {
                 result: Some(r), ..
             })) => Reply::Stored {
@@ -340,7 +343,7 @@ impl Gate {
     /// Async routes: what a repeat of an accepted command gets, without
     /// claiming (the consumer claims). None: the key was never claimed.
     pub(super) async fn look_up(&self, checked: &Checked) -> Option<Reply> {
-        let state = match self.store.lookup(&checked.identity).await {
+        let state = match self.store.lookup(checked.identity()).await {
             Ok(state) => state?,
             Err(e) => {
                 return Some(Reply::Unavailable {
@@ -354,7 +357,7 @@ impl Gate {
             Reply::Conflict {
                 first_route: Some(first.clone()),
             }
-        } else if state.conflicts_with(&checked.fingerprint) {
+        } else if state.conflicts_with(&checked.parsed.fingerprint) {
             self.count(Outcome::Conflict);
             Reply::Conflict { first_route: None }
         } else if state.status == KeyStatus::Unknown {
@@ -373,7 +376,7 @@ impl Gate {
         } else {
             self.count(Outcome::InFlight);
             Reply::Accepted {
-                key: checked.identity.key.as_str().to_string(),
+                key: checked.identity().key.as_str().to_string(),
                 replayed: true,
             }
         })
