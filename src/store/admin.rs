@@ -252,6 +252,17 @@ impl Store {
         .await
     }
 
+    /// The key table's size on disk, its partitions summed (heap only): what
+    /// a [`Store::count_scanned`] reads.
+    pub async fn table_bytes(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(sum(pg_relation_size(i.inhrelid)), 0)::int8 \
+             FROM pg_inherits i WHERE i.inhparent = 'dedupq_keys'::regclass",
+        )
+        .fetch_one(self.pool())
+        .await?)
+    }
+
     /// A transaction planned by PostgreSQL's defaults, for the
     /// reads that scan the table (or the audit table) on purpose: dedupq's
     /// connections plan for lookups by key (see `PLANNER` in connect.rs),

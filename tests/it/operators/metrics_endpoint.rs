@@ -83,3 +83,80 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// A key table too large to scan at start-up (over 256 MB on disk, here
+/// 40 000 rows of ~800 bytes at a fill factor of 10: one a page) is first
+/// counted by status a
+/// minute after the upkeep starts: the unknown gauge (read through its
+/// index) comes at once, the scanned ones do not.
+#[tokio::test]
+async fn a_large_key_table_is_not_scanned_at_start_up() {
+    let (store, store_settings) = support::isolated_store().await;
+    let parts: Vec<String> = sqlx::query_scalar(
+        "SELECT inhrelid::regclass::text FROM pg_inherits \
+         WHERE inhparent = 'dedupq_keys'::regclass",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    for part in &parts {
+        sqlx::query(&format!("ALTER TABLE {part} SET (fillfactor = 10)"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, \
+             epoch, owner, attempts, result_status, result_body, completed_at) \
+         SELECT 'acme', 'big-' || g, '\\x00', 2, 'done', 1, 'filler', 1, 200, \
+                convert_to(repeat('x', 700), 'UTF8'), now() \
+         FROM generate_series(1, 40000) AS g",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let bytes = store.table_bytes().await.unwrap();
+    assert!(bytes > 256 << 20, "the table is large: {bytes} bytes");
+
+    let settings = Settings {
+        store: store_settings,
+        http: HttpSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpSettings::default()
+        },
+        ..Settings::default()
+    };
+    let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
+        .await
+        .unwrap();
+    let addr = app.local_addr();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(app.run_until_stopped());
+    let metrics = || async {
+        reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    };
+    // The upkeep runs: the unknown keys are counted at once.
+    support::eventually(Duration::from_secs(20), "unknown gauge sampled", || async {
+        let text = metrics().await?;
+        text.contains(r#"dedupq_keys{status="unknown"}"#)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let text = metrics().await.unwrap();
+    assert!(
+        !text.contains(r#"dedupq_keys{status="done"}"#),
+        "the 40 000 done keys were scanned at start-up:\n{}",
+        text.lines()
+            .filter(|l| l.starts_with("dedupq_keys"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
