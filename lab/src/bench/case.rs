@@ -78,6 +78,12 @@ pub struct Case {
     #[serde(default)]
     pub rate: Option<f64>,
     pub latency_secs: f64,
+    /// The run starts right after a `CHECKPOINT`: the first change to each
+    /// page pays a full-page image in the WAL, as in the minutes after
+    /// every checkpoint. Otherwise the run finds the pages as the run
+    /// before it left them.
+    #[serde(default)]
+    pub checkpoint_first: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -116,6 +116,11 @@ impl Check {
         }
     }
 
+    /// A ratio printed beside the targets, with none of its own.
+    fn reading(what: String, measured: Option<f64>, unit: &'static str) -> Self {
+        Self::at_least(what, measured, f64::NAN, unit)
+    }
+
     fn at_most(what: String, measured: Option<f64>, target: f64, unit: &'static str) -> Self {
         Self {
             at_least: false,
@@ -155,6 +160,14 @@ pub(super) fn ratios(rows: &[Row]) -> String {
             " ms",
         ));
     }
+    checks.push(Check::reading(
+        format!("10M keys after a checkpoint / empty ({MIX_PARTITIONS}p)"),
+        percent(
+            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p 10M checkpoint")),
+            rate(rows, &format!("a dedupq {MIX_PARTITIONS}p")),
+        ),
+        "%",
+    ));
     checks.push(Check::at_least(
         format!("10M stored keys / empty table ({MIX_PARTITIONS}p)"),
         percent(
@@ -209,6 +222,7 @@ pub(super) fn ratios(rows: &[Row]) -> String {
         let cmp = if c.at_least { ">=" } else { "<=" };
         let (measured, verdict) = match c.measured {
             None => ("-".to_string(), "not measured".to_string()),
+            Some(m) if c.target.is_nan() => (format!("{m:.1}{}", c.unit), "no target".into()),
             Some(m) => {
                 let met = if c.at_least {
                     m >= c.target
@@ -226,12 +240,12 @@ pub(super) fn ratios(rows: &[Row]) -> String {
                 )
             }
         };
-        let _ = writeln!(
-            out,
-            "{:<40} {measured:>10} {:>10}  {verdict}",
-            c.what,
+        let target = if c.target.is_nan() {
+            "-".to_string()
+        } else {
             format!("{cmp} {}{}", c.target, c.unit)
-        );
+        };
+        let _ = writeln!(out, "{:<40} {measured:>10} {target:>10}  {verdict}", c.what);
     }
     out
 }

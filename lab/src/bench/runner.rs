@@ -273,6 +273,9 @@ async fn prepare_and_spawn(
         Producer::Amqp(Box::new(publisher))
     };
     let paced = (job.phase == Phase::Latency).then_some((producer, stream, rate));
+    if job.case.checkpoint_first {
+        checkpoint(&env.database_url).await?;
+    }
     let (mut measured, stream) = spawn(job, env, paced).await?;
     if let (Some(listener), Some(stream)) = (listener, stream) {
         let sent = stream.stamped();
@@ -285,6 +288,19 @@ async fn prepare_and_spawn(
         measured.latency = percentiles(latencies);
     }
     Ok(measured)
+}
+
+/// A `CHECKPOINT`: from now on, the first change to each page writes it
+/// whole to the WAL.
+async fn checkpoint(database_url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(database_url).await?;
+    sqlx::query("CHECKPOINT")
+        .execute(&mut conn)
+        .await
+        .context("CHECKPOINT before the run (needs a superuser or pg_checkpoint)")?;
+    conn.close().await?;
+    Ok(())
 }
 
 /// Runs the child; on READY starts the paced producer (if any), whose

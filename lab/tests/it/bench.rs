@@ -14,6 +14,7 @@ fn tiny(label: &str, kind: Kind, messages: usize) -> Case {
         schema: None,
         rate: None,
         latency_secs: 0.0,
+        checkpoint_first: false,
     }
 }
 

@@ -16,6 +16,7 @@ async fn the_http_rows_report_requests_per_second_and_latencies_with_and_without
             schema: None,
             rate: None,
             latency_secs: 0.0,
+            checkpoint_first: false,
         };
         let row = run_case(&case, &env()).await;
         assert!(row.error.is_none(), "{kind:?}: {:?}", row.error);
