@@ -87,19 +87,36 @@ async fn a_batch_of_1000_claims_is_one_statement_and_the_results_are_batched_too
 /// other callers' claims: fewer commits than a claim and a finish each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_messages_share_statements_that_claim_and_finish_together() {
-    const N: usize = 200;
+    // Callers side by side, each deciding its messages one after another
+    // (as HTTP connections do): while one caller's finish waits, others'
+    // next claims queue beside it.
+    const CALLERS: usize = 20;
+    const EACH: usize = 10;
+    const N: usize = CALLERS * EACH;
     let (store, admin, db) = store_in_own_database("together").await;
     let handler = Arc::new(Recording::default());
     let engine = support::engine(&store, handler.clone(), support::fast_options());
-    let decided = futures::future::join_all((0..N).map(|i| {
-        let engine = engine.clone();
-        async move {
-            let msg = support::message("acme", &format!("one-{i}"), r#"{"amount": 1}"#);
-            engine.process(std::slice::from_ref(&msg)).await.unwrap()
-        }
-    }))
-    .await;
-    assert!(decided.iter().all(|d| d[0].outcome == Outcome::Processed));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                for i in 0..EACH {
+                    let msg = support::message("acme", &format!("one-{c}-{i}"), r#"{"amount": 1}"#);
+                    let decided = engine.process(std::slice::from_ref(&msg)).await.unwrap();
+                    outcomes.push(decided[0].outcome);
+                }
+                outcomes
+            })
+        })
+        .collect();
+    for caller in callers {
+        let outcomes = caller.await.unwrap();
+        assert!(
+            outcomes.iter().all(|o| *o == Outcome::Processed),
+            "{outcomes:?}"
+        );
+    }
     assert_eq!(handler.count(), N);
     assert_eq!(support::count_rows(&store).await, N as i64);
 
