@@ -28,17 +28,55 @@ const EPOCH_FENCE: &str = "";
 /// through the primary key. Both look-ups match the key, the epoch and an
 /// open row, so the hint never decides which row is written; the second
 /// skips the rows the first wrote, so no row is written twice.
-pub(super) fn finish_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| format!("WITH {}\n{FINISH_SELECT}", finish_ctes(0)))
+///
+/// A finish of fewer than [`HINTED_FROM`] rows goes through the primary key
+/// alone ([`Reach::ByKey`]): it saves one descent per row, fewer than
+/// planning a second `UPDATE` costs (measured: 0.45 against 0.19 ms of
+/// planning per call; the statement is planned for its inputs at each
+/// call).
+pub(super) fn finish_sql(reach: Reach) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[reach as usize].get_or_init(|| {
+        let select = match reach {
+            Reach::AtRow => "SELECT ord FROM at_row UNION ALL SELECT ord FROM by_key",
+            Reach::ByKey => "SELECT ord FROM by_key",
+        };
+        format!("WITH {}\n{select}", finish_ctes(0, reach))
+    })
 }
 
-/// The rows a finish wrote: their positions (`ord`) in its sorted input.
-const FINISH_SELECT: &str = "SELECT ord FROM at_row UNION ALL SELECT ord FROM by_key";
+/// Rows from which a finish looks its rows up where their claims wrote
+/// them first. Below it, the descents saved (4 µs per row on an empty
+/// table, 14 µs on 10M keys) are fewer than the second `UPDATE`'s
+/// planning costs.
+#[doc(hidden)]
+pub const HINTED_FROM: usize = 32;
 
-/// The finish's common table expressions (`u`, `at_row`, `by_key`), its
-/// twelve parameters numbered from `first + 1`.
-pub(super) fn finish_ctes(first: usize) -> String {
+/// How a finish reaches its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// Where each claim wrote its row, then through the primary key.
+    AtRow = 0,
+    /// Through the primary key only.
+    ByKey = 1,
+}
+
+impl Reach {
+    /// How a finish of `rows` rows reaches them.
+    pub(super) fn of(rows: usize) -> Self {
+        if rows >= HINTED_FROM {
+            Reach::AtRow
+        } else {
+            Reach::ByKey
+        }
+    }
+}
+
+/// The finish's common table expressions (`u`, with [`Reach::AtRow`]
+/// `at_row`, and `by_key`), its twelve parameters numbered from
+/// `first + 1`.
+pub(super) fn finish_ctes(first: usize, reach: Reach) -> String {
     let set = r#"
     status = u.status,
     result_status = u.result_status,
@@ -54,15 +92,10 @@ pub(super) fn finish_ctes(first: usize) -> String {
     attempt_open = false,
     updated_at = now()"#;
     let p = |n: usize| format!("${}", first + n);
-    format!(
-        r#"
-u AS (
-    SELECT * FROM unnest({}::text[], {}::text[], {}::int8[], {}::text[], {}::int4[], {}::bytea[],
-                         {}::text[], {}::text[], {}::bool[], {}::int4[], {}::int8[],
-                         {}::text[]::tid[])
-        WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body,
-                             result_content_type, error, hold, refund, at_table, at_tid, ord)
-),
+    let (at_row, not_at_row) = match reach {
+        Reach::AtRow => (
+            format!(
+                r#"
 at_row AS (
     UPDATE dedupq_keys AS k SET{set}
     FROM u
@@ -71,12 +104,25 @@ at_row AS (
       AND k.completed_at IS NULL
       {EPOCH_FENCE}
     RETURNING u.ord
-),
+),"#
+            ),
+            "u.ord NOT IN (SELECT a.ord FROM at_row a)\n      AND ",
+        ),
+        Reach::ByKey => (String::new(), ""),
+    };
+    format!(
+        r#"
+u AS (
+    SELECT * FROM unnest({}::text[], {}::text[], {}::int8[], {}::text[], {}::int4[], {}::bytea[],
+                         {}::text[], {}::text[], {}::bool[], {}::int4[], {}::int8[],
+                         {}::text[]::tid[])
+        WITH ORDINALITY AS u(tenant, key, epoch, status, result_status, result_body,
+                             result_content_type, error, hold, refund, at_table, at_tid, ord)
+),{at_row}
 by_key AS (
     UPDATE dedupq_keys AS k SET{set}
     FROM u
-    WHERE u.ord NOT IN (SELECT a.ord FROM at_row a)
-      AND k.tenant = u.tenant AND k.key = u.key
+    WHERE {not_at_row}k.tenant = u.tenant AND k.key = u.key
       AND k.completed_at IS NULL
       {EPOCH_FENCE}
     RETURNING u.ord
@@ -258,7 +304,7 @@ impl Store {
     async fn finish_statement(&self, writes: &[&FinishWrite<'_>]) -> Result<Vec<bool>, StoreError> {
         let input = FinishInput::new(writes);
         let rows = input
-            .bind(sqlx::query(finish_sql()))
+            .bind(sqlx::query(finish_sql(Reach::of(writes.len()))))
             .fetch_all(self.pool())
             .await
             .map_err(|e| self.noted(e))?;

@@ -20,7 +20,7 @@ pub use admin::{AuditRow, KeyFilter, KeyRow};
 pub use claim::{Claim, ClaimRequest, ClaimResult, RowAt, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::{StoreError, STORE_ERROR_CLASSES};
-pub use finish::{Answer, Finish, FinishWrite, Written};
+pub use finish::{Answer, Finish, FinishWrite, Written, HINTED_FROM};
 pub use lookup::KeyState;
 pub use maintenance::Renewed;
 pub use preflight::{Missing, Server};
@@ -93,8 +93,8 @@ impl KeyStatus {
 pub fn statement_sql(name: &str) -> Option<&'static str> {
     match name {
         "claim" => Some(claim::claim_sql()),
-        "finish" => Some(finish::finish_sql()),
-        "claim and finish" => Some(together::together_sql()),
+        "finish" => Some(finish::finish_sql(finish::Reach::AtRow)),
+        "claim and finish" => Some(together::together_sql(finish::Reach::AtRow)),
         _ => None,
     }
 }

@@ -5,7 +5,7 @@
 //! instead of one for its claims and one for its finishes.
 
 use super::claim::{ClaimInput, CLAIM_COLUMNS, CLAIM_CTES, CLAIM_SELECT};
-use super::finish::{finish_ctes, FinishInput};
+use super::finish::{finish_ctes, FinishInput, Reach};
 use super::{ClaimRequest, ClaimResult, FinishWrite, Store, StoreError, Written};
 use sqlx::Row;
 use std::time::Duration;
@@ -15,15 +15,19 @@ use std::time::Duration;
 /// writes, because no key is in both (the caller's duty). The claim's rows
 /// come back first, then one row per finish written, with only `finished`
 /// set (its position in the finish's sorted input).
-pub(super) fn together_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
+pub(super) fn together_sql(reach: Reach) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[reach as usize].get_or_init(|| {
         let nulls = vec!["NULL"; CLAIM_COLUMNS].join(", ");
+        let at_row = match reach {
+            Reach::AtRow => format!("UNION ALL\nSELECT {nulls}, ord FROM at_row\n"),
+            Reach::ByKey => String::new(),
+        };
         format!(
             "WITH {},\n{CLAIM_CTES}{CLAIM_SELECT}\
-             UNION ALL\nSELECT {nulls}, ord FROM at_row\n\
-             UNION ALL\nSELECT {nulls}, ord FROM by_key\n",
-            finish_ctes(11)
+             {at_row}UNION ALL\nSELECT {nulls}, ord FROM by_key\n",
+            finish_ctes(11, reach)
         )
     })
 }
@@ -45,7 +49,11 @@ impl Store {
         let claims = ClaimInput::new(requests);
         let writes: Vec<&FinishWrite<'_>> = finishes.iter().collect();
         let finished = FinishInput::new(&writes);
-        let query = claims.bind(sqlx::query(together_sql()), owner, lease);
+        let query = claims.bind(
+            sqlx::query(together_sql(Reach::of(finishes.len()))),
+            owner,
+            lease,
+        );
         let rows = finished
             .bind(query)
             .fetch_all(self.pool())

@@ -122,9 +122,9 @@ async fn single_messages_share_statements_that_claim_and_finish_together() {
 
     // The statement that claims and finishes: both parts in one text.
     let all = statement_stats(&admin, &db, "INSERT INTO dedupq_keys AS k").await;
-    let together = statement_stats(&admin, &db, "at_row AS").await;
+    let together = statement_stats(&admin, &db, "by_key AS").await;
     let together: Vec<_> = together.into_iter().filter(|s| all.contains(s)).collect();
-    let (calls, _) = together.first().copied().unwrap_or_default();
+    let calls: i64 = together.iter().map(|(calls, _)| calls).sum();
     assert!(calls > 0, "no statement claimed and finished together");
     let statements: i64 = statement_stats(&admin, &db, "dedupq_keys AS k")
         .await

@@ -1,13 +1,17 @@
 //! A finish reaches its row where the claim wrote it (`Claim::at`), and the
 //! hint never decides which row is written: a row that moved is found by
 //! its key, a stale owner's hint is fenced, and a hint that points at
-//! another key's row writes neither row wrongly.
+//! another key's row writes neither row wrongly. Finishes of fewer than
+//! `HINTED_FROM` rows go through the primary key alone, so each case
+//! finishes at least that many rows at once.
 
 use crate::support;
 use dedupq::config::{IdentitySettings, SecretUrl, StoreSettings};
 use dedupq::engine::Parser;
 use dedupq::identity::Identity;
-use dedupq::store::{Answer, Claim, ClaimResult, Finish, FinishWrite, KeyStatus, Store, Written};
+use dedupq::store::{
+    Answer, Claim, ClaimResult, Finish, FinishWrite, KeyStatus, Store, Written, HINTED_FROM,
+};
 use std::time::Duration;
 
 /// A store on a fresh schema with one connection, so that the index
@@ -58,11 +62,15 @@ async fn primary_key_reads(store: &Store) -> i64 {
 }
 
 /// Claims fresh keys `names` of tenant `acme`; their identities and claims.
-async fn claim(store: &Store, names: &[&str], lease: Duration) -> Vec<(Identity, Claim)> {
+async fn claim(
+    store: &Store,
+    names: &[impl AsRef<str>],
+    lease: Duration,
+) -> Vec<(Identity, Claim)> {
     let parser = Parser::new(&IdentitySettings::default());
     let msgs: Vec<_> = names
         .iter()
-        .map(|k| support::message("acme", k, r#"{"amount": 5}"#))
+        .map(|k| support::message("acme", k.as_ref(), r#"{"amount": 5}"#))
         .collect();
     let parsed: Vec<_> = msgs.iter().map(|m| parser.parse(m).unwrap()).collect();
     let requests: Vec<_> = parsed
@@ -81,6 +89,37 @@ async fn claim(store: &Store, names: &[&str], lease: Duration) -> Vec<(Identity,
             ClaimResult::Won(c) => (p.identity, c),
             other => panic!("a fresh key is won: {other:?}"),
         })
+        .collect()
+}
+
+/// `n` key names starting with `prefix`.
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// A finish of `id` (at `epoch`, hinted at `at`) first, then the `others`
+/// as their claims left them: a batch large enough to go through the
+/// rows' places.
+fn batch_with<'a>(
+    others: &'a [(Identity, Claim)],
+    id: &'a Identity,
+    epoch: dedupq::identity::Epoch,
+    at: Option<dedupq::store::RowAt>,
+    body: &str,
+) -> Vec<FinishWrite<'a>> {
+    let first = FinishWrite {
+        identity: id,
+        epoch,
+        finish: done(body),
+        at,
+    };
+    std::iter::once(first)
+        .chain(others.iter().map(|(id, c)| FinishWrite {
+            identity: id,
+            epoch: c.epoch,
+            finish: done(r#"{"other":true}"#),
+            at: c.at,
+        }))
         .collect()
 }
 
@@ -120,9 +159,7 @@ async fn finish_counting_reads(store: &Store, claims: &[(Identity, Claim)], hint
 async fn a_finish_reaches_its_row_where_the_claim_wrote_it_without_the_primary_key() {
     const N: usize = 100;
     let store = single_connection_store().await;
-    let names: Vec<String> = (0..2 * N).map(|i| format!("pay-{i}")).collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let claims = claim(&store, &names, Duration::from_secs(30)).await;
+    let claims = claim(&store, &names("pay", 2 * N), Duration::from_secs(30)).await;
     assert!(claims.iter().all(|(_, c)| c.at.is_some()));
 
     // Planning a statement also reads each partition's index (the same
@@ -145,7 +182,8 @@ async fn a_finish_reaches_its_row_where_the_claim_wrote_it_without_the_primary_k
 #[tokio::test]
 async fn a_row_moved_by_a_renewal_is_found_by_its_key() {
     let (store, _) = support::isolated_store().await;
-    let claims = claim(&store, &["moved-1", "moved-2"], Duration::from_secs(30)).await;
+    let names = names("moved", HINTED_FROM);
+    let claims = claim(&store, &names, Duration::from_secs(30)).await;
     // Each renewal writes a new version of the row elsewhere on its page.
     for _ in 0..3 {
         let renew: Vec<_> = claims.iter().map(|(id, c)| (id, c.epoch)).collect();
@@ -164,7 +202,7 @@ async fn a_row_moved_by_a_renewal_is_found_by_its_key() {
         })
         .collect();
     let written = store.finish_batch(&writes).await.unwrap();
-    assert_eq!(written, vec![Written::Landed, Written::Landed]);
+    assert_eq!(written, vec![Written::Landed; HINTED_FROM]);
     for (id, _) in &claims {
         assert_eq!(
             stored_body(&store, id).await.as_deref(),
@@ -178,31 +216,42 @@ async fn a_stale_owners_hint_is_fenced_after_a_takeover() {
     let (store, _) = support::isolated_store().await;
     let stale = claim(&store, &["taken"], Duration::from_secs(1)).await;
     let (id, old) = &stale[0];
+    let others = claim(
+        &store,
+        &names("kept", HINTED_FROM - 1),
+        Duration::from_secs(30),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let new = claim_again(&store, "taken").await;
     assert_eq!(new.epoch.0, 2, "taken over after the lease");
 
+    // The stale owner finishes its batch: the taken-over key among others
+    // that are still its own.
     let late = store
-        .finish_batch(&[FinishWrite {
-            identity: id,
-            epoch: old.epoch,
-            finish: done(r#"{"stale":true}"#),
-            at: old.at,
-        }])
+        .finish_batch(&batch_with(
+            &others,
+            id,
+            old.epoch,
+            old.at,
+            r#"{"stale":true}"#,
+        ))
         .await
         .unwrap();
-    assert_eq!(late, vec![Written::Fenced], "a stale epoch must not land");
+    assert_eq!(late[0], Written::Fenced, "a stale epoch must not land");
+    assert!(late[1..].iter().all(|w| *w == Written::Landed), "{late:?}");
     // The new owner's own write, through its own hint, lands.
     let mine = store
-        .finish_batch(&[FinishWrite {
-            identity: id,
-            epoch: new.epoch,
-            finish: done(r#"{"owner":2}"#),
-            at: new.at,
-        }])
+        .finish_batch(&batch_with(
+            &others,
+            id,
+            new.epoch,
+            new.at,
+            r#"{"owner":2}"#,
+        ))
         .await
         .unwrap();
-    assert_eq!(mine, vec![Written::Landed]);
+    assert_eq!(mine[0], Written::Landed);
     assert_eq!(
         stored_body(&store, id).await.as_deref(),
         Some(r#"{"owner":2}"#)
@@ -230,33 +279,29 @@ async fn claim_again(store: &Store, key: &str) -> Claim {
 #[tokio::test]
 async fn a_hint_that_points_at_another_keys_row_writes_only_the_named_key() {
     let (store, _) = support::isolated_store().await;
-    let claims = claim(&store, &["left", "right"], Duration::from_secs(30)).await;
-    let ((left, l), (right, r)) = (&claims[0], &claims[1]);
-    // Each write carries the other row's place.
-    let written = store
-        .finish_batch(&[
-            FinishWrite {
-                identity: left,
-                epoch: l.epoch,
-                finish: done(r#"{"for":"left"}"#),
-                at: r.at,
-            },
-            FinishWrite {
-                identity: right,
-                epoch: r.epoch,
-                finish: done(r#"{"for":"right"}"#),
-                at: l.at,
-            },
-        ])
-        .await
-        .unwrap();
-    assert_eq!(written, vec![Written::Landed, Written::Landed]);
-    assert_eq!(
-        stored_body(&store, left).await.as_deref(),
-        Some(r#"{"for":"left"}"#)
-    );
-    assert_eq!(
-        stored_body(&store, right).await.as_deref(),
-        Some(r#"{"for":"right"}"#)
-    );
+    let claims = claim(
+        &store,
+        &names("other", HINTED_FROM),
+        Duration::from_secs(30),
+    )
+    .await;
+    // Each write carries the next row's place.
+    let writes: Vec<FinishWrite<'_>> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, (id, c))| FinishWrite {
+            identity: id,
+            epoch: c.epoch,
+            finish: done(&format!(r#"{{"for":{i}}}"#)),
+            at: claims[(i + 1) % claims.len()].1.at,
+        })
+        .collect();
+    let written = store.finish_batch(&writes).await.unwrap();
+    assert_eq!(written, vec![Written::Landed; HINTED_FROM]);
+    for (i, (id, _)) in claims.iter().enumerate() {
+        assert_eq!(
+            stored_body(&store, id).await.as_deref(),
+            Some(format!(r#"{{"for":{i}}}"#).as_str())
+        );
+    }
 }
