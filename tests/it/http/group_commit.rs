@@ -65,8 +65,15 @@ async fn a_claim_waiting_on_a_row_lock_does_not_hold_back_the_claims_of_new_paym
         let app = app.clone();
         tokio::spawn(async move { app.pay("held", &body(0)).await })
     };
-    let waiting_from = tokio::time::Instant::now() + Duration::from_secs(10);
+    // On a busy machine the retry can take a while to reach PostgreSQL;
+    // it must then wait there, not be answered without waiting.
+    let waiting_from = tokio::time::Instant::now() + Duration::from_secs(30);
     while lock.waiters().await == 0 {
+        assert!(
+            !retry.is_finished(),
+            "the retry was answered without waiting for the row lock: {:?}",
+            retry.await
+        );
         assert!(
             tokio::time::Instant::now() < waiting_from,
             "the retry's claim never waited for the row lock"
