@@ -28,28 +28,28 @@ const EPOCH_FENCE: &str = "";
 /// through the primary key. Both look-ups match the key, the epoch and an
 /// open row, so the hint never decides which row is written; the second
 /// skips the rows the first wrote, so no row is written twice.
-///
-/// A finish of fewer than [`HINTED_FROM`] rows goes through the primary key
-/// alone ([`Reach::ByKey`]): it saves one descent per row, fewer than
-/// planning a second `UPDATE` costs (measured: 0.45 against 0.19 ms of
-/// planning per call; the statement is planned for its inputs at each
-/// call).
+/// A small finish goes through the primary key alone ([`Reach::of`]).
 pub(super) fn finish_sql(reach: Reach) -> &'static str {
     static SQL: [std::sync::OnceLock<String>; 2] =
         [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
     SQL[reach as usize].get_or_init(|| {
-        let select = match reach {
-            Reach::AtRow => "SELECT ord FROM at_row UNION ALL SELECT ord FROM by_key",
-            Reach::ByKey => "SELECT ord FROM by_key",
-        };
-        format!("WITH {}\n{select}", finish_ctes(0, reach))
+        let select: Vec<String> = reach
+            .writes()
+            .iter()
+            .map(|cte| format!("SELECT ord FROM {cte}"))
+            .collect();
+        format!(
+            "WITH {}\n{}",
+            finish_ctes(0, reach),
+            select.join(" UNION ALL ")
+        )
     })
 }
 
 /// Rows from which a finish looks its rows up where their claims wrote
 /// them first. Below it, the descents saved (4 µs per row on an empty
-/// table, 14 µs on 10M keys) are fewer than the second `UPDATE`'s
-/// planning costs.
+/// table, 14 µs on 10M keys) cost less than planning the second `UPDATE`
+/// at each call (0.39–0.45 against 0.19–0.21 ms, BENCHMARKS.md).
 #[doc(hidden)]
 pub const HINTED_FROM: usize = 32;
 
@@ -63,6 +63,14 @@ pub(super) enum Reach {
 }
 
 impl Reach {
+    /// The CTEs that write rows and return their `ord`.
+    pub(super) fn writes(self) -> &'static [&'static str] {
+        match self {
+            Reach::AtRow => &["at_row", "by_key"],
+            Reach::ByKey => &["by_key"],
+        }
+    }
+
     /// How a finish of `rows` rows reaches them.
     pub(super) fn of(rows: usize) -> Self {
         if rows >= HINTED_FROM {

@@ -20,13 +20,13 @@ pub(super) fn together_sql(reach: Reach) -> &'static str {
         [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
     SQL[reach as usize].get_or_init(|| {
         let nulls = vec!["NULL"; CLAIM_COLUMNS].join(", ");
-        let at_row = match reach {
-            Reach::AtRow => format!("UNION ALL\nSELECT {nulls}, ord FROM at_row\n"),
-            Reach::ByKey => String::new(),
-        };
+        let finished: String = reach
+            .writes()
+            .iter()
+            .map(|cte| format!("UNION ALL\nSELECT {nulls}, ord FROM {cte}\n"))
+            .collect();
         format!(
-            "WITH {},\n{CLAIM_CTES}{CLAIM_SELECT}\
-             {at_row}UNION ALL\nSELECT {nulls}, ord FROM by_key\n",
+            "WITH {},\n{CLAIM_CTES}{CLAIM_SELECT}{finished}",
             finish_ctes(11, reach)
         )
     })
