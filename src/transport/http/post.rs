@@ -16,12 +16,14 @@ use axum::extract::{Request, State};
 use axum::http::HeaderName;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -210,17 +212,20 @@ async fn run(s: &ApiState, checked: Checked, deadline: Instant) -> Response {
 struct Panicked;
 
 /// A decision polled where it was started that, dropped before it ends,
-/// carries on in a task of `tasks` (which shutdown waits for).
+/// carries on in a task of `tasks` (which shutdown waits for). A panic
+/// ends this decision only, never the connection's task: its work is
+/// dropped (the key's lease runs out and it is taken over), as a task that
+/// panicked would have been.
 struct Detachable {
     tasks: TaskTracker,
-    work: Option<Pin<Box<dyn Future<Output = Reply> + Send>>>,
+    work: Option<BoxFuture<'static, std::thread::Result<Reply>>>,
 }
 
 impl Detachable {
     fn new(tasks: TaskTracker, work: impl Future<Output = Reply> + Send + 'static) -> Self {
         Self {
             tasks,
-            work: Some(Box::pin(work)),
+            work: Some(AssertUnwindSafe(work).catch_unwind().boxed()),
         }
     }
 }
@@ -229,20 +234,13 @@ impl Future for Detachable {
     type Output = Result<Reply, Panicked>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Polled again after it ended (never, under `timeout_at`).
         let Some(work) = self.work.as_mut() else {
             return Poll::Ready(Err(Panicked));
         };
-        // A panic ends this decision only, never the connection's task:
-        // its work is dropped (the key's lease runs out and it is taken
-        // over), as a task that panicked would have been.
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
-        let verdict = match polled {
-            Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(verdict)) => Ok(verdict),
-            Err(_) => Err(Panicked),
-        };
+        let verdict = ready!(work.as_mut().poll(cx));
         self.work = None;
-        Poll::Ready(verdict)
+        Poll::Ready(verdict.map_err(|_| Panicked))
     }
 }
 
