@@ -261,3 +261,59 @@ impl Drop for Detachable {
 fn problem(e: impl Into<Problem>) -> Response {
     e.into().into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    fn stored_nowhere() -> Reply {
+        Reply::Unavailable {
+            detail: "test".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_that_panics_is_answered_as_panicked_and_its_caller_goes_on() {
+        let tasks = TaskTracker::new();
+        let work = async {
+            if std::hint::black_box(true) {
+                panic!("a bug inside the decision");
+            }
+            stored_nowhere()
+        };
+        let outcome = Detachable::new(tasks.clone(), work).await;
+        assert!(matches!(outcome, Err(Panicked)));
+        // Nothing was left to carry on.
+        assert_eq!(tasks.len(), 0);
+        let after = Detachable::new(tasks, async { stored_nowhere() }).await;
+        assert!(matches!(after, Ok(Reply::Unavailable { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_decision_dropped_before_it_ends_runs_to_its_end_in_a_tracked_task() {
+        let tasks = TaskTracker::new();
+        let (release, released) = oneshot::channel::<()>();
+        let (ended, has_ended) = oneshot::channel::<()>();
+        let work = async move {
+            let _ = released.await;
+            let _ = ended.send(());
+            stored_nowhere()
+        };
+        let request = Detachable::new(tasks.clone(), work);
+        let timed_out = tokio::time::timeout(Duration::from_millis(20), request).await;
+        assert!(timed_out.is_err(), "the decision was still waiting");
+        assert_eq!(tasks.len(), 1, "the dropped decision went on in a task");
+        release
+            .send(())
+            .expect("the decision still waits to be released");
+        tokio::time::timeout(Duration::from_secs(10), has_ended)
+            .await
+            .expect("the carried-on decision ends")
+            .expect("it ran to its end");
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .expect("shutdown finds the tracked task done");
+    }
+}
