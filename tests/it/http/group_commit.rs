@@ -18,7 +18,15 @@ fn body(n: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_requests_share_claim_statements_and_each_gets_its_own_charge() {
     let provider = Provider::start(Knobs::default()).await;
-    let app = App::with(&provider, |_, _| {}).await;
+    // Sixty provider calls at once on a busy machine can take seconds; this
+    // test is about sharing statements, not about a handler running late.
+    let app = App::with(&provider, |s, _| {
+        s.engine.lease = Duration::from_secs(30);
+        s.engine.renew_every = Duration::from_secs(10);
+        s.handler.timeout = Duration::from_secs(20);
+        s.api.request_timeout = Duration::from_secs(30);
+    })
+    .await;
     const N: usize = 60;
     let app = &app;
     let answers = futures::future::join_all(
