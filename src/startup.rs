@@ -8,7 +8,7 @@ use crate::engine::{
 use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry::chain;
 use crate::{maintenance, server, transport};
 use anyhow::Context;
@@ -305,12 +305,28 @@ async fn prepare_store(
         match store.prepare(schema, mode).await {
             Ok(()) => return Ok(store),
             Err(e) if e.is_transient() => {
-                let cause = match store.connect_error().await {
-                    Some(connect) => chain(&connect).to_string(),
+                let connect = store.connect_error().await;
+                let cause = match &connect {
+                    Some(connect) => chain(connect).to_string(),
                     None => chain(&e).to_string(),
                 };
-                tracing::warn!(error = %cause, "PostgreSQL not reachable yet; retrying");
-                health.set_down(Component::Store, format!("unreachable: {cause}"));
+                // Still retried: a database operator may create the role
+                // after dedupq starts. But the operator reading this is
+                // told which setting to look at.
+                if credentials_refused(&e, connect.as_ref()) {
+                    tracing::warn!(
+                        error = %cause,
+                        "PostgreSQL refused the role or password of store.url \
+                         (or store.url_file); retrying, in case the role is still being created"
+                    );
+                    health.set_down(
+                        Component::Store,
+                        format!("credentials refused (store.url): {cause}"),
+                    );
+                } else {
+                    tracing::warn!(error = %cause, "PostgreSQL not reachable yet; retrying");
+                    health.set_down(Component::Store, format!("unreachable: {cause}"));
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.cancelled() => return Err(e.into()),
@@ -323,6 +339,20 @@ async fn prepare_store(
             }
         }
     }
+}
+
+/// PostgreSQL refused to let the configured role in: SQLSTATE class 28
+/// (`invalid_password`, `invalid_authorization_specification`: no such
+/// role, no `pg_hba.conf` entry, peer authentication failed).
+fn credentials_refused(e: &StoreError, connect: Option<&sqlx::Error>) -> bool {
+    let refused = |code: Option<String>| code.is_some_and(|c| c.starts_with("28"));
+    refused(e.sqlstate())
+        || refused(
+            connect
+                .and_then(|c| c.as_database_error())
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned()),
+        )
 }
 
 async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {

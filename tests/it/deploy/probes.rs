@@ -77,3 +77,73 @@ async fn probes_answer_while_postgresql_is_unreachable_and_ready_follows_it() {
     dedupq.kill();
     forwarder.abort();
 }
+
+/// A role PostgreSQL does not know (yet) is not an outage: /readyz and the
+/// log name `store.url`, dedupq keeps trying, and once a database operator
+/// creates the role it starts.
+#[tokio::test]
+async fn a_role_postgresql_refuses_is_named_as_store_url_and_start_up_follows_its_creation() {
+    let provider = Provider::start(Knobs::default()).await;
+    let role = unique("late_role");
+    let password = "late-role-secret";
+    let schema = unique("late");
+    let store = StoreSettings {
+        url: SecretUrl::new(format!(
+            "postgres://{role}:{password}@127.0.0.1:5432/postgres"
+        )),
+        schema: Some(schema.clone()),
+        ..StoreSettings::default()
+    };
+    let mut dedupq = Dedupq::launch(&base_config(&store, &provider), &[]);
+    let base = format!("http://{}", dedupq.http);
+
+    let readyz = support::eventually(
+        Duration::from_secs(20),
+        "/readyz naming store.url",
+        || async {
+            let (status, body) = get(&format!("{base}/readyz")).await?;
+            (status == 503 && body.contains("credentials refused (store.url):")).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        readyz.contains(&role),
+        "the refused role is named: {readyz}"
+    );
+    assert!(
+        !readyz.contains(password),
+        "the password stays out of /readyz: {readyz}"
+    );
+    let log = support::eventually(
+        Duration::from_secs(20),
+        "a log line naming store.url",
+        || async {
+            let log = dedupq.log();
+            log.contains("refused the role or password of store.url")
+                .then_some(log)
+        },
+    )
+    .await;
+    assert!(!log.contains(password), "the password stays out of the log");
+    assert!(dedupq.exit_status().is_none(), "it waits for the role");
+
+    let admin = sqlx::PgPool::connect(&support::database_url())
+        .await
+        .unwrap();
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD '{password}'"),
+        format!("GRANT CREATE ON DATABASE postgres TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(&admin).await.unwrap();
+    }
+    let ready = dedupq.wait_ready(Duration::from_secs(30)).await;
+    dedupq.kill();
+    for sql in [
+        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+        format!("DROP OWNED BY {role}"),
+        format!("DROP ROLE {role}"),
+    ] {
+        sqlx::query(&sql).execute(&admin).await.unwrap();
+    }
+    ready.expect("ready once the role exists");
+}
