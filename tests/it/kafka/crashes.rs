@@ -49,9 +49,12 @@ async fn send(topic: &str, partitions: i32, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_after_the_charge_before_the_result_is_stored_the_retry_charges_nothing_more() {
     let (store, store_settings) = isolated_store().await;
-    // The provider charges, then takes 1.5 s to answer: the kill lands there.
+    // The provider charges, then takes 6 s to answer: the kill lands there,
+    // however slowly a busy machine lets the six charges and the test's
+    // look at them follow each other. The handler's timeout and the lease
+    // are longer than that answer.
     let provider = Provider::start(Knobs {
-        latency: Duration::from_millis(1500),
+        latency: Duration::from_secs(6),
         ..Knobs::default()
     })
     .await;
@@ -60,13 +63,16 @@ async fn killed_after_the_charge_before_the_result_is_stored_the_retry_charges_n
     const N: usize = 6;
     send(&topic, 2, N).await;
 
-    let mut dedupq = Dedupq::start(&config(
+    let mut config = config(
         &base_config(&store_settings, &provider),
         &topic,
         &group,
         "200ms",
-    ))
-    .await;
+    );
+    config["handler"]["timeout"] = "8s".into();
+    config["engine"]["lease"] = "10s".into();
+    config["engine"]["renew_every"] = "2s".into();
+    let mut dedupq = Dedupq::start(&config).await;
     eventually(Duration::from_secs(30), "every payment charged", || async {
         (provider.stats().await.charges == N as i64).then_some(())
     })
