@@ -346,13 +346,7 @@ async fn prepare_store(
 /// role, no `pg_hba.conf` entry, peer authentication failed).
 fn credentials_refused(e: &StoreError, connect: Option<&sqlx::Error>) -> bool {
     let refused = |code: Option<String>| code.is_some_and(|c| c.starts_with("28"));
-    refused(e.sqlstate())
-        || refused(
-            connect
-                .and_then(|c| c.as_database_error())
-                .and_then(|d| d.code())
-                .map(|c| c.into_owned()),
-        )
+    refused(e.sqlstate()) || refused(connect.and_then(crate::store::code_of))
 }
 
 async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {

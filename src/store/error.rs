@@ -155,7 +155,8 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// `query_canceled`: `statement_timeout` ran out (or a cancel request).
 const QUERY_CANCELED: &str = "57014";
 
-fn code_of(e: &sqlx::Error) -> Option<String> {
+/// The SQLSTATE of an error PostgreSQL answered; None for any other.
+pub fn code_of(e: &sqlx::Error) -> Option<String> {
     match e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,

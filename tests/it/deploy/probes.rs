@@ -26,6 +26,18 @@ async fn forward_to_postgres(port: u16) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// dedupq started against `url`, migrating `schema`; and its HTTP base.
+fn launch(provider: &Provider, url: String, schema: &str) -> (Dedupq, String) {
+    let store = StoreSettings {
+        url: SecretUrl::new(url),
+        schema: Some(schema.to_owned()),
+        ..StoreSettings::default()
+    };
+    let dedupq = Dedupq::launch(&base_config(&store, provider), &[]);
+    let base = format!("http://{}", dedupq.http);
+    (dedupq, base)
+}
+
 async fn get(url: &str) -> Option<(u16, String)> {
     let r = reqwest::get(url).await.ok()?;
     let status = r.status().as_u16();
@@ -37,15 +49,8 @@ async fn probes_answer_while_postgresql_is_unreachable_and_ready_follows_it() {
     let provider = Provider::start(Knobs::default()).await;
     let port = free_port();
     let schema = unique("probe");
-    let store = StoreSettings {
-        url: SecretUrl::new(format!(
-            "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
-        )),
-        schema: Some(schema.clone()),
-        ..StoreSettings::default()
-    };
-    let mut dedupq = Dedupq::launch(&base_config(&store, &provider), &[]);
-    let base = format!("http://{}", dedupq.http);
+    let url = format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres");
+    let (mut dedupq, base) = launch(&provider, url, &schema);
 
     let alive = support::eventually(Duration::from_secs(10), "/healthz", || async {
         get(&format!("{base}/healthz")).await
@@ -87,15 +92,8 @@ async fn a_role_postgresql_refuses_is_named_as_store_url_and_start_up_follows_it
     let role = unique("late_role");
     let password = "late-role-secret";
     let schema = unique("late");
-    let store = StoreSettings {
-        url: SecretUrl::new(format!(
-            "postgres://{role}:{password}@127.0.0.1:5432/postgres"
-        )),
-        schema: Some(schema.clone()),
-        ..StoreSettings::default()
-    };
-    let mut dedupq = Dedupq::launch(&base_config(&store, &provider), &[]);
-    let base = format!("http://{}", dedupq.http);
+    let url = format!("postgres://{role}:{password}@127.0.0.1:5432/postgres");
+    let (mut dedupq, base) = launch(&provider, url, &schema);
 
     let readyz = support::eventually(
         Duration::from_secs(20),
