@@ -29,16 +29,18 @@ async fn retries_of_a_key_locked_in_psql_never_starve_the_pool_of_a_payment_in_f
         // A small pool, as a busy replica's would be.
         s.store.max_connections = 4;
         s.store.acquire_timeout = Duration::from_secs(2);
-        s.engine.lease = Duration::from_secs(3);
+        // The provider answers in 2 s below: a handler timeout with room
+        // for a loaded machine, and a lease renewed every second.
+        s.engine.lease = Duration::from_secs(8);
         s.engine.renew_every = Duration::from_secs(1);
-        s.handler.timeout = Duration::from_millis(2500);
+        s.handler.timeout = Duration::from_secs(6);
         s.api.request_timeout = Duration::from_secs(15);
     })
     .await;
     assert_eq!(app.pay("locked", BODY).await.status, 201);
     let lock = RowLock::take(&schema, "acme", "locked").await;
     // From now on the provider answers in 2 s: a payment in flight has to
-    // renew its 3 s lease at least once, while the retries hammer.
+    // renew its lease at least once, while the retries hammer.
     provider
         .set_knobs(serde_json::json!({ "latency": "2s" }))
         .await;
