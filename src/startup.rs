@@ -8,7 +8,7 @@ use crate::engine::{
 use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError};
+use crate::store::{self, Store};
 use crate::telemetry::chain;
 use crate::{maintenance, server, transport};
 use anyhow::Context;
@@ -313,7 +313,9 @@ async fn prepare_store(
                 // Still retried: a database operator may create the role
                 // after dedupq starts. But the operator reading this is
                 // told which setting to look at.
-                if credentials_refused(&e, connect.as_ref()) {
+                if e.is_credentials_refused()
+                    || connect.as_ref().is_some_and(store::credentials_refused)
+                {
                     tracing::warn!(
                         error = %cause,
                         "PostgreSQL refused the role or password of store.url \
@@ -339,14 +341,6 @@ async fn prepare_store(
             }
         }
     }
-}
-
-/// PostgreSQL refused to let the configured role in: SQLSTATE class 28
-/// (`invalid_password`, `invalid_authorization_specification`: no such
-/// role, no `pg_hba.conf` entry, peer authentication failed).
-fn credentials_refused(e: &StoreError, connect: Option<&sqlx::Error>) -> bool {
-    let refused = |code: Option<String>| code.is_some_and(|c| c.starts_with("28"));
-    refused(e.sqlstate()) || refused(connect.and_then(crate::store::code_of))
 }
 
 async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {

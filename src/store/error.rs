@@ -146,7 +146,24 @@ impl StoreError {
     pub fn is_read_only(&self) -> bool {
         self.sqlstate().as_deref() == Some(READ_ONLY)
     }
+
+    /// PostgreSQL refused to let the configured role in (see
+    /// [`credentials_refused`]).
+    pub fn is_credentials_refused(&self) -> bool {
+        self.sqlstate()
+            .is_some_and(|c| c.starts_with(INVALID_AUTHORIZATION))
+    }
 }
+
+/// PostgreSQL refused to let the configured role in: SQLSTATE class 28
+/// (`invalid_password`, `invalid_authorization_specification`: no such
+/// role, no `pg_hba.conf` entry, peer authentication failed).
+pub fn credentials_refused(e: &sqlx::Error) -> bool {
+    code_of(e).is_some_and(|c| c.starts_with(INVALID_AUTHORIZATION))
+}
+
+/// The class of `invalid_authorization_specification` and `invalid_password`.
+const INVALID_AUTHORIZATION: &str = "28";
 
 /// `read_only_sql_transaction`.
 const READ_ONLY: &str = "25006";
@@ -155,8 +172,7 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// `query_canceled`: `statement_timeout` ran out (or a cancel request).
 const QUERY_CANCELED: &str = "57014";
 
-/// The SQLSTATE of an error PostgreSQL answered; None for any other.
-pub fn code_of(e: &sqlx::Error) -> Option<String> {
+fn code_of(e: &sqlx::Error) -> Option<String> {
     match e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
