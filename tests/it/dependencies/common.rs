@@ -1,10 +1,15 @@
 //! What the dependency tests share: the `dedupq run` configurations on
-//! each transport, and reads of the key table.
+//! each transport, a run on a Kafka topic of its own, and reads of the key
+//! table and the provider.
 
 use crate::support::amqp;
-use crate::support::kafka;
+use crate::support::kafka::{self, headers, produce};
+use crate::support::process::{Dedupq, Provider};
+use crate::support::{eventually, unique};
 use dedupq::store::Store;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use rdkafka::producer::FutureProducer;
+use std::time::Duration;
 
 pub const TENANT: &str = "t1";
 
@@ -33,6 +38,67 @@ stats_interval = "1s"
     let mut config = base.clone();
     config.insert("kafka".into(), toml::Value::Table(section));
     config
+}
+
+/// A `dedupq run` consuming a Kafka topic of its own, ready, and a
+/// producer of payments for it.
+pub struct KafkaRun {
+    pub dedupq: Dedupq,
+    pub topic: String,
+    pub group: String,
+    pub partitions: i32,
+    producer: FutureProducer,
+}
+
+impl KafkaRun {
+    /// Creates a topic (named after `name`) of `partitions` and starts
+    /// `base` on it; returns once /readyz says ready.
+    pub async fn start(name: &str, partitions: i32, base: &toml::Table) -> Self {
+        let (topic, _) = kafka::topics(name, partitions).await;
+        let group = unique("g");
+        let mut dedupq = Dedupq::start(&with_kafka(base, &topic, &group)).await;
+        dedupq
+            .wait_ready(Duration::from_secs(30))
+            .await
+            .expect("ready");
+        Self {
+            dedupq,
+            topic,
+            group,
+            partitions,
+            producer: kafka::producer(),
+        }
+    }
+
+    /// Produces payment `n` (its body) under `tenant`'s `key` to `partition`.
+    pub async fn pay(&self, partition: i32, tenant: &str, key: &str, n: usize) {
+        produce(
+            &self.producer,
+            &self.topic,
+            partition,
+            &headers(tenant, key),
+            body(n).as_bytes(),
+        )
+        .await;
+    }
+
+    /// The group's committed offsets, one per partition (-1: none).
+    pub async fn committed(&self) -> Vec<i64> {
+        kafka::committed(&self.group, &self.topic, self.partitions).await
+    }
+
+    /// Waits until every message produced so far is committed.
+    pub async fn wait_committed_to_end(&self, limit: Duration) {
+        kafka::wait_committed_to_end(&self.group, &self.topic, self.partitions, limit).await;
+    }
+}
+
+/// Waits until the provider has made `n` charges.
+pub async fn charged(provider: &Provider, n: i64) {
+    eventually(Duration::from_secs(20), "the provider charged", || async {
+        (provider.stats().await.charges == n).then_some(())
+    })
+    .await;
 }
 
 /// `base` plus an `[amqp]` section for a fresh quorum queue.

@@ -4,10 +4,9 @@
 //! their offsets are still uncommitted, it is dead-lettered
 //! `handler_fault` with its key free: a restart charges nothing again.
 
-use super::common::{body, status, with_kafka, TENANT};
-use crate::support::kafka::{self, headers, produce};
-use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{eventually, isolated_store, unique};
+use super::common::{status, KafkaRun, TENANT};
+use crate::support::process::{base_config, Provider};
+use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -21,8 +20,6 @@ async fn a_message_that_keeps_faulting_backs_off_and_is_dead_lettered_before_the
         ..Knobs::default()
     })
     .await;
-    let (topic, _) = kafka::topics("faulting", 1).await;
-    let group = unique("g");
     let mut base = base_config(&store_settings, &provider);
     let extra: toml::Table = format!(
         r#"
@@ -51,34 +48,15 @@ max_redeliveries = 1
     for (section, table) in extra {
         base.insert(section, table);
     }
-    let config = with_kafka(&base, &topic, &group);
-    let mut dedupq = Dedupq::start(&config).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
+    let mut run = KafkaRun::start("faulting", 1, &base).await;
 
-    let producer = kafka::producer();
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers("typo", "pay-typo"),
-        body(0).as_bytes(),
-    )
-    .await;
+    run.pay(0, "typo", "pay-typo", 0).await;
     const N: usize = 4;
     for k in 1..=N {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("pay-{k}")),
-            body(k).as_bytes(),
-        )
-        .await;
+        run.pay(0, TENANT, &format!("pay-{k}"), k).await;
     }
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    run.wait_committed_to_end(Duration::from_secs(30)).await;
+    let dedupq = &mut run.dedupq;
     let faults = dedupq
         .metric(r#"dedupq_handler_faults_total{reason="not_found"}"#)
         .await;

@@ -5,10 +5,9 @@
 //! one probe at a time tests the provider, and everything is charged once
 //! when it is back; a 500 after a charge is `unknown`, never `failed`.
 
-use super::common::{body, set, status, with_kafka, TENANT};
-use crate::support::kafka::{self, headers, produce};
+use super::common::{set, status, KafkaRun, TENANT};
 use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{eventually, isolated_store, unique};
+use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
@@ -25,33 +24,19 @@ async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_a
 ) {
     let (store, store_settings) = isolated_store().await;
     let provider = Provider::start(Knobs::default()).await;
-    let (topic, _) = kafka::topics("outage", 2).await;
-    let group = unique("g");
     let mut base = base_config(&store_settings, &provider);
     // Shorter than the outage: time paused for it must not count.
     set(&mut base, "handler", "retry_for", "4s");
-    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
+    let mut run = KafkaRun::start("outage", 2, &base).await;
 
     provider
         .set_knobs(json!({ "fail_rate": 1.0, "fail_retry_after": false }))
         .await;
     let started = tokio::time::Instant::now();
     const N: usize = 20;
-    let producer = kafka::producer();
     for k in 0..N {
-        let key = format!("pay-{k}");
-        produce(
-            &producer,
-            &topic,
-            (k % 2) as i32,
-            &headers(TENANT, &key),
-            body(k).as_bytes(),
-        )
-        .await;
+        run.pay((k % 2) as i32, TENANT, &format!("pay-{k}"), k)
+            .await;
         // The first few together (the outage is seen across them), the
         // rest spread over it.
         if k >= 3 {
@@ -59,13 +44,13 @@ async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_a
         }
     }
     eventually(Duration::from_secs(10), "intake paused", || async {
-        (dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
+        (run.dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
     })
     .await;
-    let (ready, why) = dedupq.readyz().await;
+    let (ready, why) = run.dedupq.readyz().await;
     assert!(!ready && why.contains("provider outage"), "{why}");
     tokio::time::sleep(OUTAGE.saturating_sub(started.elapsed())).await;
-    let during = calls(&dedupq).await;
+    let during = calls(&run.dedupq).await;
     assert!(
         during <= 60.0,
         "only probes reach a provider in an outage, one at a time: {during} calls"
@@ -78,13 +63,13 @@ async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_a
             .collect::<Vec<_>>()
     };
     assert!(
-        dead(dedupq.metrics().await).is_empty(),
+        dead(run.dedupq.metrics().await).is_empty(),
         "{:?}",
-        dead(dedupq.metrics().await)
+        dead(run.dedupq.metrics().await)
     );
 
     provider.set_knobs(json!({ "fail_rate": 0.0 })).await;
-    kafka::wait_committed_to_end(&group, &topic, 2, Duration::from_secs(60)).await;
+    run.wait_committed_to_end(Duration::from_secs(60)).await;
     for k in 0..N {
         let key = format!("pay-{k}");
         assert_eq!(status(&store, &key).await.as_deref(), Some("done"), "{key}");
@@ -95,23 +80,23 @@ async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_a
         );
     }
     assert_eq!(
-        dedupq.metric("dedupq_dead_letters_total").await,
+        run.dedupq.metric("dedupq_dead_letters_total").await,
         0.0,
         "nothing dead-lettered"
     );
     assert_eq!(
-        dedupq
+        run.dedupq
             .metric(r#"dedupq_messages_total{outcome="failed"}"#)
             .await,
         0.0,
         "nothing stored failed"
     );
-    assert_eq!(dedupq.metric("dedupq_handler_paused").await, 0.0);
-    dedupq
+    assert_eq!(run.dedupq.metric("dedupq_handler_paused").await, 0.0);
+    run.dedupq
         .wait_ready(Duration::from_secs(20))
         .await
         .expect("ready again");
-    dedupq.kill();
+    run.dedupq.kill();
 }
 
 /// A provider that charges and then answers 500 to the first request of
@@ -124,37 +109,16 @@ async fn charged_then_500(replay: bool) -> (String, usize, Dedupq) {
         ..Knobs::default()
     })
     .await;
-    let (topic, _) = kafka::topics("err_after_charge", 1).await;
-    let group = unique("g");
     let base = base_config(&store_settings, &provider);
-    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
-    let producer = kafka::producer();
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "pay-0"),
-        body(0).as_bytes(),
-    )
-    .await;
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    let run = KafkaRun::start("err_after_charge", 1, &base).await;
+    run.pay(0, TENANT, "pay-0", 0).await;
+    run.wait_committed_to_end(Duration::from_secs(60)).await;
     // A duplicate afterwards is answered with what is stored.
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "pay-0"),
-        body(0).as_bytes(),
-    )
-    .await;
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    run.pay(0, TENANT, "pay-0", 0).await;
+    run.wait_committed_to_end(Duration::from_secs(30)).await;
     let charges = provider.charges_for(&format!("{TENANT}:pay-0")).await.len();
     let stored = status(&store, "pay-0").await.unwrap_or_default();
-    (stored, charges, dedupq)
+    (stored, charges, run.dedupq)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

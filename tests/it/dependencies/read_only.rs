@@ -4,12 +4,11 @@
 //! dead-lettered before that; a payment arriving meanwhile waits and runs
 //! once; /readyz says why it is not ready.
 
-use super::common::{body, status, with_amqp, with_kafka, TENANT};
+use super::common::{body, charged, status, with_amqp, KafkaRun, TENANT};
 use crate::support::amqp::{Client, Msg};
-use crate::support::kafka::{self, headers, produce};
 use crate::support::pg_faults::FaultyRole;
 use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{eventually, isolated_store, unique};
+use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -64,44 +63,20 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
         ..Knobs::default()
     })
     .await;
-    let (topic, _) = kafka::topics("readonly", 1).await;
-    let group = unique("g");
     let base = base_config(&role.store_settings(&store_settings), &provider);
-    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
+    let mut run = KafkaRun::start("readonly", 1, &base).await;
 
-    let producer = kafka::producer();
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "pay-0"),
-        body(0).as_bytes(),
-    )
-    .await;
-    eventually(Duration::from_secs(20), "the provider charged", || async {
-        (provider.stats().await.charges == 1).then_some(())
-    })
-    .await;
+    run.pay(0, TENANT, "pay-0", 0).await;
+    charged(&provider, 1).await;
     // The charge is made; its answer comes in 2 s, to a read-only server.
     role.fail_over_to_read_only().await;
-    not_ready_for_read_only(&dedupq).await;
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "pay-1"),
-        body(1).as_bytes(),
-    )
-    .await;
+    not_ready_for_read_only(&run.dedupq).await;
+    run.pay(0, TENANT, "pay-1", 1).await;
 
     let until = tokio::time::Instant::now() + READ_ONLY_FOR;
     while tokio::time::Instant::now() < until {
         assert_eq!(
-            kafka::committed(&group, &topic, 1).await,
+            run.committed().await,
             vec![-1],
             "nothing committed while the outcome is not stored"
         );
@@ -111,11 +86,11 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    nothing_given_up(&dedupq, &provider).await;
+    nothing_given_up(&run.dedupq, &provider).await;
 
     // Writable again for new sessions only: dedupq replaces its own.
     role.writable_again().await;
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    run.wait_committed_to_end(Duration::from_secs(60)).await;
     for k in ["pay-0", "pay-1"] {
         assert_eq!(status(&store, k).await.as_deref(), Some("done"), "{k}");
         let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
@@ -126,12 +101,12 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
         2,
         "one provider charge each"
     );
-    dedupq
+    run.dedupq
         .wait_ready(Duration::from_secs(20))
         .await
         .expect("ready again once writes work");
-    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
-    dedupq.kill();
+    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    run.dedupq.kill();
     role.drop().await;
 }
 
@@ -158,10 +133,7 @@ async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards
     client
         .publish(&queue, &Msg::new(TENANT, "pay-0", &body(0)))
         .await;
-    eventually(Duration::from_secs(20), "the provider charged", || async {
-        (provider.stats().await.charges == 1).then_some(())
-    })
-    .await;
+    charged(&provider, 1).await;
     role.fail_over_to_read_only().await;
     not_ready_for_read_only(&dedupq).await;
     client

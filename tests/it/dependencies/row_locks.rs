@@ -4,11 +4,11 @@
 //! batch and partition go on, and a charged payment's answer is stored
 //! once the lock is gone — never dead-lettered.
 
-use super::common::{body, status, with_kafka, TENANT};
-use crate::support::kafka::{self, headers, produce};
+use super::common::{charged, status, KafkaRun, TENANT};
+use crate::support::kafka;
 use crate::support::pg_faults::{FaultyRole, RowLock};
-use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{eventually, isolated_store, unique};
+use crate::support::process::{base_config, Provider};
+use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -28,34 +28,17 @@ async fn kafka_a_finish_cancelled_by_the_roles_statement_timeout_on_a_locked_row
         ..Knobs::default()
     })
     .await;
-    let (topic, _) = kafka::topics("stmt_timeout", 1).await;
-    let group = unique("g");
     let base = base_config(&role.store_settings(&store_settings), &provider);
-    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
+    let mut run = KafkaRun::start("stmt_timeout", 1, &base).await;
 
-    let producer = kafka::producer();
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "pay-0"),
-        body(0).as_bytes(),
-    )
-    .await;
-    eventually(Duration::from_secs(20), "the provider charged", || async {
-        (provider.stats().await.charges == 1).then_some(())
-    })
-    .await;
+    run.pay(0, TENANT, "pay-0", 0).await;
+    charged(&provider, 1).await;
     // The answer comes in 2 s; the row is locked from psql before that.
     let lock = RowLock::take(&schema, TENANT, "pay-0").await;
     let until = tokio::time::Instant::now() + LOCKED_FOR;
     while tokio::time::Instant::now() < until {
         assert_eq!(
-            kafka::committed(&group, &topic, 1).await,
+            run.committed().await,
             vec![-1],
             "nothing committed while the outcome is not stored"
         );
@@ -65,25 +48,25 @@ async fn kafka_a_finish_cancelled_by_the_roles_statement_timeout_on_a_locked_row
         status(&store, "pay-0").await.as_deref(),
         Some("in_progress")
     );
-    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
     lock.release().await;
 
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
+    run.wait_committed_to_end(Duration::from_secs(60)).await;
     assert_eq!(status(&store, "pay-0").await.as_deref(), Some("done"));
     assert_eq!(
         provider.charges_for(&format!("{TENANT}:pay-0")).await.len(),
         1
     );
     assert_eq!(provider.stats().await.charges, 1, "one provider call");
-    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
     assert!(
-        dedupq
+        run.dedupq
             .metric(r#"dedupq_claims_total{result="locked"}"#)
             .await
             > 0.0,
         "the message came back while its row was locked, and waited"
     );
-    dedupq.kill();
+    run.dedupq.kill();
     role.drop().await;
 }
 
@@ -92,47 +75,19 @@ async fn kafka_a_row_locked_from_psql_holds_back_its_own_key_and_never_its_batch
     let (store, store_settings) = isolated_store().await;
     let schema = store_settings.schema.clone().expect("test schema");
     let provider = Provider::start(Knobs::default()).await;
-    let (topic, _) = kafka::topics("row_lock", 1).await;
-    let group = unique("g");
     let base = base_config(&store_settings, &provider);
-    let mut dedupq = Dedupq::start(&with_kafka(&base, &topic, &group)).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
+    let mut run = KafkaRun::start("row_lock", 1, &base).await;
 
-    let producer = kafka::producer();
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "locked"),
-        body(0).as_bytes(),
-    )
-    .await;
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    run.pay(0, TENANT, "locked", 0).await;
+    run.wait_committed_to_end(Duration::from_secs(30)).await;
 
     // An operator inspects the key in psql and leaves the transaction open.
     let lock = RowLock::take(&schema, TENANT, "locked").await;
     // A duplicate of the locked key first, then new payments behind it.
-    produce(
-        &producer,
-        &topic,
-        0,
-        &headers(TENANT, "locked"),
-        body(0).as_bytes(),
-    )
-    .await;
+    run.pay(0, TENANT, "locked", 0).await;
     const N: usize = 5;
     for k in 1..=N {
-        produce(
-            &producer,
-            &topic,
-            0,
-            &headers(TENANT, &format!("pay-{k}")),
-            body(k).as_bytes(),
-        )
-        .await;
+        run.pay(0, TENANT, &format!("pay-{k}"), k).await;
     }
     eventually(
         Duration::from_secs(20),
@@ -149,24 +104,24 @@ async fn kafka_a_row_locked_from_psql_holds_back_its_own_key_and_never_its_batch
     .await;
     // Longer than store.lock_timeout: the locked key keeps waiting alone.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let end = kafka::end_offsets(&topic, 1).await;
+    let end = kafka::end_offsets(&run.topic, 1).await;
     assert!(
-        kafka::committed(&group, &topic, 1).await[0] < end[0],
+        run.committed().await[0] < end[0],
         "the locked key's duplicate is not committed while its row is locked"
     );
     assert!(
-        dedupq
+        run.dedupq
             .metric(r#"dedupq_claims_total{result="locked"}"#)
             .await
             > 0.0,
         "the locked claim is counted"
     );
     lock.release().await;
-    kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await;
+    run.wait_committed_to_end(Duration::from_secs(30)).await;
     assert_eq!(
         provider.stats().await.charges,
         N as i64 + 1,
         "one charge per payment"
     );
-    dedupq.kill();
+    run.dedupq.kill();
 }
