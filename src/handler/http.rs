@@ -238,34 +238,25 @@ impl HttpHandler {
         h
     }
 
-    /// The answer's status and body, at most `max_response_bytes` of it.
-    async fn read(&self, mut response: Response) -> Result<HandlerResult, reqwest::Error> {
+    /// The answer's status and body; a body over `max_response_bytes` is
+    /// not stored (the status is).
+    async fn read(&self, response: Response) -> Result<HandlerResult, reqwest::Error> {
         let status = i32::from(response.status().as_u16());
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await? {
-            if body.len() + chunk.len() > self.max_response_bytes {
+        let limit = self.max_response_bytes;
+        Ok(match read_answer(response, limit).await? {
+            Some(result) => result,
+            None => {
                 tracing::warn!(
                     status,
-                    limit = self.max_response_bytes,
+                    limit,
                     "provider answer too long; its body is not stored"
                 );
-                return Ok(HandlerResult {
+                HandlerResult {
                     status,
                     body: Vec::new(),
                     content_type: None,
-                });
+                }
             }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(HandlerResult {
-            status,
-            body,
-            content_type,
         })
     }
 
@@ -393,6 +384,32 @@ impl Handler for HttpHandler {
 /// Whether a connection failed in its TLS handshake (rustls refused the
 /// provider's certificate, or the provider sent an alert refusing ours),
 /// not on the network.
+/// A provider's answer: its status, `Content-Type` and body; None once the
+/// body runs past `limit` bytes (read no further).
+pub(super) async fn read_answer(
+    mut response: Response,
+    limit: usize,
+) -> Result<Option<HandlerResult>, reqwest::Error> {
+    let status = i32::from(response.status().as_u16());
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > limit {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(HandlerResult {
+        status,
+        body,
+        content_type,
+    }))
+}
+
 fn tls_refused(e: &reqwest::Error) -> bool {
     use tokio_rustls::rustls;
     let mut link: Option<&(dyn std::error::Error + 'static)> = Some(e);

@@ -16,9 +16,10 @@
 //! stop start-up: the provider may be down for a moment.
 
 use super::client::SharedClient;
+use super::http::read_answer;
 use super::{HandlerCall, HandlerOutcome, HandlerResult, HttpHandler, HttpHandlerError};
 use crate::config::HandlerSettings;
-use reqwest::header::{HeaderMap, CONTENT_TYPE};
+use reqwest::header::HeaderMap;
 use reqwest::{Response, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
@@ -147,29 +148,13 @@ fn names_key(body: &[u8], key: &str) -> bool {
 
 /// The answer's status and body; None if the body is longer than `limit`
 /// (it could not be stored, so it cannot settle the key).
-async fn read(
-    mut response: Response,
-    limit: usize,
-) -> Result<Option<HandlerResult>, reqwest::Error> {
-    let status = i32::from(response.status().as_u16());
-    let content_type = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
-        if body.len() + chunk.len() > limit {
-            tracing::warn!(status, limit, "lookup answer too long to store");
-            return Ok(None);
-        }
-        body.extend_from_slice(&chunk);
+async fn read(response: Response, limit: usize) -> Result<Option<HandlerResult>, reqwest::Error> {
+    let status = response.status().as_u16();
+    let answer = read_answer(response, limit).await?;
+    if answer.is_none() {
+        tracing::warn!(status, limit, "lookup answer too long to store");
     }
-    Ok(Some(HandlerResult {
-        status,
-        body,
-        content_type,
-    }))
+    Ok(answer)
 }
 
 #[cfg(test)]
