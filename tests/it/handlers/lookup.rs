@@ -2,7 +2,8 @@
 //! the provider is asked first. A found charge settles the key `done` with
 //! it and no POST is sent; no charge found, and the POST is sent again.
 //! A 200 that does not name the derived key (a lookup URL one path segment
-//! off, answering 200 for every key) settles nothing. The first attempt
+//! off, answering 200 for every key) settles nothing, nor does a found
+//! charge too long to store (`handler.max_response_bytes`). The first attempt
 //! runs on an engine of its own; the retry arrives through RabbitMQ.
 
 use crate::support::payments::{amqp::AmqpPayments, identity, Setup, TENANT, WAIT};
@@ -61,7 +62,10 @@ async fn posts_left(provider: &Provider) -> u64 {
 
 /// A charge made by an attempt that never got its answer, completed by
 /// the provider; from now on every POST is answered 503 (and counted).
-async fn charged_without_an_answer(lookup: bool) -> (AmqpPayments, Provider) {
+/// The retry runs with the handler `retry_with` makes.
+async fn charged_without_an_answer(
+    retry_with: impl FnOnce(&Provider) -> HttpHandler,
+) -> (AmqpPayments, Provider) {
     let provider = Provider::start(Knobs {
         hang_after_charge_next: 1,
         ..Knobs::default()
@@ -75,8 +79,7 @@ async fn charged_without_an_answer(lookup: bool) -> (AmqpPayments, Provider) {
     })
     .await;
     provider.set_knobs(json!({"fail_next": 100})).await;
-    let lookup_url = lookup.then(|| simulator_lookup(&provider));
-    let handler = handler(&provider, lookup_url);
+    let handler = retry_with(&provider);
     let pipeline = AmqpPayments::start_on(store, Setup::new(handler)).await;
     pipeline.send("look-1", BODY.as_bytes(), None).await;
     (pipeline, provider)
@@ -84,7 +87,8 @@ async fn charged_without_an_answer(lookup: bool) -> (AmqpPayments, Provider) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_found_by_the_lookup_settles_the_key_done_without_a_second_post() {
-    let (pipeline, provider) = charged_without_an_answer(true).await;
+    let (pipeline, provider) =
+        charged_without_an_answer(|p| handler(p, Some(simulator_lookup(p)))).await;
 
     let row = pipeline.wait_status("look-1", KeyStatus::Done).await;
 
@@ -101,7 +105,7 @@ async fn a_charge_found_by_the_lookup_settles_the_key_done_without_a_second_post
 /// sees it, and the key stays unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lookup_the_retry_is_caught_posting_again() {
-    let (pipeline, provider) = charged_without_an_answer(false).await;
+    let (pipeline, provider) = charged_without_an_answer(|p| handler(p, None)).await;
 
     eventually(WAIT, "a POST was sent", || async {
         (posts_left(&provider).await < 100).then_some(())
@@ -109,6 +113,34 @@ async fn without_a_lookup_the_retry_is_caught_posting_again() {
     .await;
     let row = pipeline.store.show_key(&identity("look-1")).await.unwrap();
     assert_ne!(row.map(|r| r.status), Some(KeyStatus::Done));
+    pipeline.stop().await;
+}
+
+/// A found charge whose answer is longer than `handler.max_response_bytes`
+/// could not be stored, so it settles nothing: the retry is a POST, here
+/// answered 503, and the key stays unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answer_too_long_to_store_settles_nothing_and_the_request_is_sent_again() {
+    let (pipeline, provider) = charged_without_an_answer(|p| {
+        HttpHandler::new(&HandlerSettings {
+            url: p.charges_url(),
+            timeout: Duration::from_millis(700),
+            lookup_url: Some(simulator_lookup(p)),
+            // Shorter than any charge the simulator describes.
+            max_response_bytes: 32,
+            ..HandlerSettings::default()
+        })
+        .unwrap()
+    })
+    .await;
+
+    eventually(WAIT, "a POST was sent", || async {
+        (posts_left(&provider).await < 100).then_some(())
+    })
+    .await;
+    let row = pipeline.store.show_key(&identity("look-1")).await.unwrap();
+    assert_ne!(row.map(|r| r.status), Some(KeyStatus::Done));
+    assert_eq!(provider.charges_for("acme:look-1").await.len(), 1);
     pipeline.stop().await;
 }
 
