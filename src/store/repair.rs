@@ -60,7 +60,10 @@ pub enum Repaired {
 impl Store {
     /// Ends the lease of an open key now, so the next delivery takes it
     /// over (a held unknown key gets one more attempt with its stored
-    /// request). Refused while the lease is live unless `force`.
+    /// request). Refused while the lease is live unless `force`. The epoch
+    /// moves on, as at a takeover: the worker that held the key is fenced
+    /// (its renewals and its outcome write nothing), so it cannot renew the
+    /// lease the operator ended before the next delivery comes.
     pub async fn release_key(
         &self,
         id: &Identity,
@@ -82,8 +85,8 @@ impl Store {
             });
         }
         sqlx::query(
-            "UPDATE dedupq_keys SET lease_until = now(), updated_at = now() \
-             WHERE tenant = $1 AND key = $2",
+            "UPDATE dedupq_keys SET lease_until = now(), epoch = epoch + 1, \
+             updated_at = now() WHERE tenant = $1 AND key = $2",
         )
         .bind(id.tenant.as_str())
         .bind(id.key.as_str())

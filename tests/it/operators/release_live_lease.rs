@@ -2,7 +2,8 @@
 //! concurrent executions. It is refused while the lease is live, saying
 //! what `--force` risks; `--force` releases, and both are audited. Against
 //! a provider that ignores keys, the forced release shows the risk: the
-//! duplicate runs while the first call still does, and charges again.
+//! duplicate runs while the first call still does, and charges again; the
+//! first worker's lease renewals never bring the released lease back.
 
 use crate::support::payments::{self, WAIT};
 use crate::support::process::Provider;
@@ -103,6 +104,9 @@ async fn releasing_a_live_lease_is_refused_unless_forced_and_forcing_lets_a_seco
         &[],
     );
     assert_eq!(forced.code, 0, "{}", forced.stderr);
+    // The first worker still runs and renews its leases every 500 ms: the
+    // released lease stays over all the same (its epoch has moved on).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let again = second.process(std::slice::from_ref(&msg)).await.unwrap();
     assert_eq!(again[0].outcome, Outcome::Takeover);
     assert_eq!(
@@ -124,5 +128,5 @@ async fn releasing_a_live_lease_is_refused_unless_forced_and_forcing_lets_a_seco
         )]
     );
     let row = payments::row(&store, "live-1").await.unwrap();
-    assert_eq!(row.epoch, 2);
+    assert_eq!(row.epoch, 3, "claimed, released, taken over");
 }
