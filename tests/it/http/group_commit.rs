@@ -57,13 +57,18 @@ async fn concurrent_requests_share_claim_statements_and_each_gets_its_own_charge
 async fn a_claim_waiting_on_a_row_lock_does_not_hold_back_the_claims_of_new_payments() {
     // Far longer than a statement takes on a busy machine: a new payment
     // stuck behind the waiting claim would take this long to be answered.
-    const LOCK_TIMEOUT: Duration = Duration::from_secs(8);
+    const LOCK_TIMEOUT: Duration = Duration::from_secs(12);
     let provider = Provider::start(Knobs::default()).await;
     let mut schema = String::new();
     let app = App::with(&provider, |s, _| {
         schema = s.store.schema.clone().expect("test schema");
         s.store.lock_timeout = LOCK_TIMEOUT;
         s.api.request_timeout = Duration::from_secs(30);
+        // Eight provider calls at once on a busy machine can take seconds;
+        // this test is about claims, not about a handler running late.
+        s.engine.lease = Duration::from_secs(30);
+        s.engine.renew_every = Duration::from_secs(10);
+        s.handler.timeout = Duration::from_secs(10);
     })
     .await;
     assert_eq!(app.pay("held", &body(0)).await.status, 201);
