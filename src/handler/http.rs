@@ -381,9 +381,6 @@ impl Handler for HttpHandler {
     }
 }
 
-/// Whether a connection failed in its TLS handshake (rustls refused the
-/// provider's certificate, or the provider sent an alert refusing ours),
-/// not on the network.
 /// A provider's answer: its status, `Content-Type` and body; None once the
 /// body runs past `limit` bytes (read no further).
 pub(super) async fn read_answer(
@@ -410,6 +407,9 @@ pub(super) async fn read_answer(
     }))
 }
 
+/// Whether a connection failed in its TLS handshake (rustls refused the
+/// provider's certificate, or the provider sent an alert refusing ours),
+/// not on the network.
 fn tls_refused(e: &reqwest::Error) -> bool {
     use tokio_rustls::rustls;
     let mut link: Option<&(dyn std::error::Error + 'static)> = Some(e);

@@ -25,14 +25,17 @@ fn simulator_lookup(provider: &Provider) -> String {
     format!("{}/charges/lookup?key={{derived_key}}", provider.base)
 }
 
-fn handler(provider: &Provider, lookup_url: Option<String>) -> HttpHandler {
-    HttpHandler::new(&HandlerSettings {
+fn settings(provider: &Provider, lookup_url: Option<String>) -> HandlerSettings {
+    HandlerSettings {
         url: provider.charges_url(),
         timeout: Duration::from_millis(700),
         lookup_url,
         ..HandlerSettings::default()
-    })
-    .unwrap()
+    }
+}
+
+fn handler(provider: &Provider, lookup_url: Option<String>) -> HttpHandler {
+    HttpHandler::new(&settings(provider, lookup_url)).unwrap()
 }
 
 /// The first attempt of `key`: sent, never answered; its outcome unknown.
@@ -106,14 +109,18 @@ async fn a_charge_found_by_the_lookup_settles_the_key_done_without_a_second_post
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_lookup_the_retry_is_caught_posting_again() {
     let (pipeline, provider) = charged_without_an_answer(|p| handler(p, None)).await;
+    posted_again_and_not_settled(&pipeline, &provider).await;
+    pipeline.stop().await;
+}
 
+/// Waits for the retry's POST; the key is not settled `done`.
+async fn posted_again_and_not_settled(pipeline: &AmqpPayments, provider: &Provider) {
     eventually(WAIT, "a POST was sent", || async {
-        (posts_left(&provider).await < 100).then_some(())
+        (posts_left(provider).await < 100).then_some(())
     })
     .await;
     let row = pipeline.store.show_key(&identity("look-1")).await.unwrap();
     assert_ne!(row.map(|r| r.status), Some(KeyStatus::Done));
-    pipeline.stop().await;
 }
 
 /// A found charge whose answer is longer than `handler.max_response_bytes`
@@ -123,23 +130,14 @@ async fn without_a_lookup_the_retry_is_caught_posting_again() {
 async fn a_lookup_answer_too_long_to_store_settles_nothing_and_the_request_is_sent_again() {
     let (pipeline, provider) = charged_without_an_answer(|p| {
         HttpHandler::new(&HandlerSettings {
-            url: p.charges_url(),
-            timeout: Duration::from_millis(700),
-            lookup_url: Some(simulator_lookup(p)),
             // Shorter than any charge the simulator describes.
             max_response_bytes: 32,
-            ..HandlerSettings::default()
+            ..settings(p, Some(simulator_lookup(p)))
         })
         .unwrap()
     })
     .await;
-
-    eventually(WAIT, "a POST was sent", || async {
-        (posts_left(&provider).await < 100).then_some(())
-    })
-    .await;
-    let row = pipeline.store.show_key(&identity("look-1")).await.unwrap();
-    assert_ne!(row.map(|r| r.status), Some(KeyStatus::Done));
+    posted_again_and_not_settled(&pipeline, &provider).await;
     assert_eq!(provider.charges_for("acme:look-1").await.len(), 1);
     pipeline.stop().await;
 }
