@@ -28,13 +28,15 @@ pub(crate) fn error(status: StatusCode, code: &str, detail: impl std::fmt::Displ
         .into_response()
 }
 
-/// The answer to a fresh charge: 201 with the charge, or an odd body.
+/// The answer to a fresh charge: 201 with the charge (and a `receipt` of
+/// `padding` bytes, if any), or an odd body.
 pub(crate) fn charged(
     id: i64,
     body: &Value,
     key: Option<&str>,
     request_sha256: &str,
     odd: Option<OddAnswer>,
+    padding: usize,
 ) -> Answer {
     let mut charge = json!({
         "id": format!("ch_{id}"),
@@ -44,6 +46,9 @@ pub(crate) fn charged(
         "idempotency_key": key,
         "request_sha256": request_sha256,
     });
+    if padding > 0 {
+        charge["receipt"] = Value::String(receipt(id, padding));
+    }
     if odd == Some(OddAnswer::NulEscape) {
         charge["note"] = Value::String("before\u{0}after".into());
     }
@@ -59,6 +64,24 @@ pub(crate) fn charged(
         content_type: JSON.into(),
         body: bytes,
     }
+}
+
+/// `len` characters of the base64 alphabet from a generator seeded by the
+/// charge: no run repeats often enough for PostgreSQL's compression to
+/// shrink it much, so the stored answer takes about `len` bytes.
+fn receipt(id: i64, len: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut state = (id as u64) ^ 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let n = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            char::from(ALPHABET[(n >> 58) as usize])
+        })
+        .collect()
 }
 
 /// The answer to a declined card, kept and replayed as it was sent.

@@ -133,7 +133,14 @@ async fn charge(
     if let Some(declined) = declined {
         return declined.into_response().into();
     }
-    let answer = answer::charged(id, &body, key, &received.request_hash, fate.odd_answer);
+    let answer = answer::charged(
+        id,
+        &body,
+        key,
+        &received.request_hash,
+        fate.odd_answer,
+        knobs.answer_padding,
+    );
     if fate.error_after_charge {
         let failed = answer::after_charge_error(knobs.error_after_charge_status);
         let kept = if knobs.error_after_charge_replay {

@@ -29,6 +29,9 @@ pub enum OddAnswer {
     RawBytes,
 }
 
+/// The longest `answer_padding`.
+pub(crate) const MAX_ANSWER_PADDING: usize = 1024 * 1024;
+
 /// Statuses the simulator can answer instead of charging: configuration
 /// faults and redirects (whose `Location` is the charge listing).
 pub const STATUS_ANSWERS: [u16; 9] = [301, 302, 303, 307, 308, 401, 403, 404, 405];
@@ -88,6 +91,10 @@ pub struct Knobs {
     /// repeat replays it).
     pub odd_answer: Option<OddAnswer>,
     pub odd_answer_next: u32,
+    /// Bytes of a `receipt` string every charge's answer carries, made not
+    /// to compress (a provider's long receipt; a stored outcome that needs
+    /// room of its own). 0: none.
+    pub answer_padding: usize,
     /// How a repeated key's body is compared with the first.
     pub compare: Compare,
     /// Honour Idempotency-Key (a real provider should). Off: every request
@@ -118,6 +125,7 @@ impl Default for Knobs {
             answer_status_next: 0,
             odd_answer: None,
             odd_answer_next: 0,
+            answer_padding: 0,
             compare: Compare::Json,
             honour_keys: true,
         }
@@ -175,6 +183,15 @@ impl Knobs {
                     problem: format!("{rate} is not a share between 0 and 1"),
                 });
             }
+        }
+        if self.answer_padding > MAX_ANSWER_PADDING {
+            return Err(KnobError {
+                knob: "answer_padding".into(),
+                problem: format!(
+                    "{} is more than {MAX_ANSWER_PADDING} bytes",
+                    self.answer_padding
+                ),
+            });
         }
         if !(500..=599).contains(&self.error_after_charge_status) {
             return Err(KnobError {

@@ -244,11 +244,25 @@ impl Store {
     /// `default_transaction_read_only`, answers reads and refuses every
     /// claim. Such a server is reported as the error a write would meet
     /// (SQLSTATE 25006), and the pool replaces its connections.
+    ///
+    /// A pool that times out says only that; a connection opened outside
+    /// it (and closed at once) then says why: too many connections for the
+    /// role or the server (53300), refused, authentication. So `/readyz`
+    /// names what an operator can fix. If that connection opens, the pool
+    /// was only busy, and the timeout is reported as it is.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let read_only: String =
-            sqlx::query_scalar("SELECT current_setting('transaction_read_only')")
+            match sqlx::query_scalar("SELECT current_setting('transaction_read_only')")
                 .fetch_one(&self.pool)
-                .await?;
+                .await
+            {
+                Ok(value) => value,
+                Err(sqlx::Error::PoolTimedOut) => {
+                    let cause = self.connect_error().await;
+                    return Err(cause.unwrap_or(sqlx::Error::PoolTimedOut).into());
+                }
+                Err(e) => return Err(e.into()),
+            };
         if read_only == "on" {
             let e = StoreError::ReadOnly;
             self.saw(&e);

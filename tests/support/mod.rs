@@ -14,6 +14,7 @@ pub mod process;
 pub mod provider_api;
 pub mod rabbit_management;
 pub mod raw_amqp;
+pub mod small_disk;
 
 use dedupq::config::{IdentitySettings, Settings, StoreSettings};
 use dedupq::engine::{Engine, EngineOptions, Incoming, Parser, Source};

@@ -1,7 +1,7 @@
 //! A PostgreSQL that misbehaves for one test only: a login role of its
 //! own, which the test turns read-only (as after a failover to a standby),
-//! gives a statement timeout, or cuts off. Other tests, on other roles,
-//! never notice.
+//! gives a statement timeout, refuses new sessions, or cuts off. Other
+//! tests, on other roles, never notice.
 
 use super::{database_url, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
@@ -66,6 +66,26 @@ impl FaultyRole {
         let value = ms.map(|ms| format!("{ms}"));
         self.set("statement_timeout", value.as_deref()).await;
         self.cut_sessions().await;
+    }
+
+    /// As a server out of connection slots looks to a client: every
+    /// session of the role is cut, and new ones are refused with
+    /// `too many connections for role` (SQLSTATE 53300). A role's
+    /// connection limit binds no superuser, so the role stops being one
+    /// until [`Self::accept_sessions_again`].
+    pub async fn refuse_new_sessions(&self) {
+        self.alter("NOSUPERUSER CONNECTION LIMIT 0").await;
+        self.cut_sessions().await;
+    }
+
+    /// New sessions are let in again, as before.
+    pub async fn accept_sessions_again(&self) {
+        self.alter("SUPERUSER CONNECTION LIMIT -1").await;
+    }
+
+    async fn alter(&self, options: &str) {
+        let sql = format!("ALTER ROLE {} {options}", self.name);
+        self.admin.execute(sql.as_str()).await.expect("alter role");
     }
 
     async fn set(&self, setting: &str, value: Option<&str>) {

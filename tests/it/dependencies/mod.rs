@@ -1,11 +1,13 @@
 //! Hostile dependencies against the real services: a PostgreSQL that
-//! fails over to read-only, times statements out or has a row locked from
-//! another session; a provider in an outage or answering 5xx after it
-//! acted; a worker paused past its lease. None of them may change a stored
-//! outcome, drop an answer the provider gave, or give a payment up for
-//! good.
+//! fails over to read-only, times statements out, has a row locked from
+//! another session, refuses new connections or has its disk full; a
+//! provider in an outage or answering 5xx after it acted; a worker paused
+//! past its lease. None of them may change a stored outcome, drop an
+//! answer the provider gave, or give a payment up for good.
 
 mod common;
+mod connections;
+mod disk_full;
 mod faults;
 mod paused_worker;
 mod provider_outage;
