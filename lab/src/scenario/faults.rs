@@ -18,6 +18,7 @@ enum Ending {
     /// Back to the base knobs, once no other stretch runs.
     ProviderKnobs,
     Writable,
+    SessionsLetIn,
     NoStatementTimeout,
     Unlock(RowLocks),
     Thaw(usize),
@@ -118,6 +119,15 @@ impl<'a> Injector<'a> {
                 self.until(for_, Ending::Writable);
                 report.pg_read_only += 1;
             }
+            Fault::PostgresNoConnections { for_ } => {
+                let cut = self.role()?.refuse_sessions().await?;
+                self.note(
+                    report,
+                    &format!("  new sessions refused; {cut} sessions cut"),
+                );
+                self.until(for_, Ending::SessionsLetIn);
+                report.pg_no_connections += 1;
+            }
             Fault::StatementTimeout { timeout, for_ } => {
                 let cut = self.role()?.statement_timeout(Some(timeout)).await?;
                 self.note(report, &format!("  timeout set; {cut} sessions cut"));
@@ -194,6 +204,10 @@ impl<'a> Injector<'a> {
             Ending::Writable => {
                 self.role()?.writable().await?;
                 "PostgreSQL writable again (new sessions only)".into()
+            }
+            Ending::SessionsLetIn => {
+                self.role()?.accept_sessions().await?;
+                "PostgreSQL lets the fleet's sessions in again".into()
             }
             Ending::NoStatementTimeout => {
                 let cut = self.role()?.statement_timeout(None).await?;

@@ -1,6 +1,6 @@
 //! A PostgreSQL that misbehaves for one run only: the fleet logs in as a
 //! role of its own, which the run turns read-only (a failover as clients
-//! see it) or gives a statement timeout; and row locks taken from the
+//! see it), refuses new sessions or gives a statement timeout; and row locks taken from the
 //! run's own session. Other users of the server, on other roles, never
 //! notice.
 
@@ -62,6 +62,26 @@ impl RunRole {
         self.set("default_transaction_read_only", None).await
     }
 
+    /// New sessions are refused (`too many connections for role`, SQLSTATE
+    /// 53300) and every current one is cut. A role's connection limit binds
+    /// no superuser, so the role stops being one until
+    /// [`Self::accept_sessions`].
+    pub(super) async fn refuse_sessions(&self) -> anyhow::Result<u64> {
+        self.alter("NOSUPERUSER CONNECTION LIMIT 0").await?;
+        self.cut_sessions().await
+    }
+
+    /// New sessions are let in again.
+    pub(super) async fn accept_sessions(&self) -> anyhow::Result<()> {
+        self.alter("SUPERUSER CONNECTION LIMIT -1").await
+    }
+
+    async fn alter(&self, options: &str) -> anyhow::Result<()> {
+        let sql = format!("ALTER ROLE {} {options}", self.name);
+        self.admin.execute(sql.as_str()).await?;
+        Ok(())
+    }
+
     /// `statement_timeout` for the role (None: off); current sessions are
     /// cut so that the change applies at once.
     pub(super) async fn statement_timeout(&self, timeout: Option<Duration>) -> anyhow::Result<u64> {
@@ -94,6 +114,7 @@ impl RunRole {
     /// Drops the role (its settings reset, its sessions cut, anything it
     /// came to own handed to the administrator).
     pub(super) async fn drop(self) {
+        let _ = self.accept_sessions().await;
         let _ = self.set("default_transaction_read_only", None).await;
         let _ = self.set("statement_timeout", None).await;
         let sql = format!(

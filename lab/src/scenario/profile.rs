@@ -24,6 +24,13 @@ pub enum Fault {
     PostgresReadOnly {
         for_: Duration,
     },
+    /// The fleet's role refused every new session for a while (its
+    /// sessions cut: `too many connections for role`, SQLSTATE 53300, as
+    /// when a server's or a role's connection limit is reached), then let
+    /// in again.
+    PostgresNoConnections {
+        for_: Duration,
+    },
     /// A statement timeout on the fleet's role for a while (sessions cut
     /// on both changes, so each applies at once).
     StatementTimeout {
@@ -49,7 +56,9 @@ impl Fault {
     fn needs_own_role(&self) -> bool {
         matches!(
             self,
-            Fault::PostgresReadOnly { .. } | Fault::StatementTimeout { .. }
+            Fault::PostgresReadOnly { .. }
+                | Fault::PostgresNoConnections { .. }
+                | Fault::StatementTimeout { .. }
         )
     }
 }
@@ -237,8 +246,8 @@ impl Profile {
                 quiesce_limit: secs(180),
             },
             // Dependencies that turn hostile mid-stream, one at a time, on
-            // both transports: PostgreSQL read-only (a failover), timing out
-            // and locked by another session; a provider in an outage (bare
+            // both transports: PostgreSQL read-only (a failover), timing out,
+            // locked by another session and out of connections; a provider in an outage (bare
             // 503s), failing after it charged, and slow while one dedupq is
             // frozen past its lease. The provider honours keys, except
             // around the freeze: there a call on an ended lease would leave
@@ -281,6 +290,7 @@ impl Profile {
                     stretch(35, json!({"latency": "1s", "honour_keys": false}), 20),
                     (secs(38), Fault::FreezePastLease { beyond: secs(6) }),
                     stretch(56, json!({"fail_rate": 1.0, "fail_retry_after": false}), 20),
+                    (secs(78), Fault::PostgresNoConnections { for_: secs(6) }),
                 ],
                 provider_ignores_keys: false,
                 base_knobs: json!({

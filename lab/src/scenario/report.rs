@@ -28,6 +28,7 @@ pub struct Report {
     pub amqp_closes: usize,
     pub provider_stretches: usize,
     pub pg_read_only: usize,
+    pub pg_no_connections: usize,
     pub pg_timeouts: usize,
     pub pg_row_locks: usize,
     /// SIGSTOPs past the lease (each followed by a SIGCONT).
@@ -298,10 +299,10 @@ impl fmt::Display for Report {
         )?;
         row(
             f,
-            "PostgreSQL read-only / timeout / row-lock stretches",
+            "PostgreSQL read-only / no-connection / timeout / row-lock stretches",
             format!(
-                "{} / {} / {}",
-                self.pg_read_only, self.pg_timeouts, self.pg_row_locks
+                "{} / {} / {} / {}",
+                self.pg_read_only, self.pg_no_connections, self.pg_timeouts, self.pg_row_locks
             ),
         )?;
         row(
