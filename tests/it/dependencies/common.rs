@@ -93,6 +93,80 @@ impl KafkaRun {
     }
 }
 
+impl KafkaRun {
+    /// For `for_`, checks every half second that nothing is committed and
+    /// that `key`'s outcome is not stored: its answer is held in memory.
+    pub async fn held_uncommitted(&self, store: &Store, key: &str, for_: Duration) {
+        let until = tokio::time::Instant::now() + for_;
+        while tokio::time::Instant::now() < until {
+            assert_eq!(
+                self.committed().await,
+                vec![-1],
+                "nothing committed while the outcome is not stored"
+            );
+            assert_eq!(
+                status(store, key).await.as_deref(),
+                Some("in_progress"),
+                "{key}: not stored yet"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Once the fault is over: every message committed, each of `keys`
+    /// stored `done` with one charge (and no other charge made), the
+    /// process ready again, nothing dead-lettered.
+    pub async fn settled_once_each(&mut self, store: &Store, provider: &Provider, keys: &[&str]) {
+        self.wait_committed_to_end(Duration::from_secs(60)).await;
+        for k in keys {
+            assert_eq!(status(store, k).await.as_deref(), Some("done"), "{k}");
+            let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+            assert_eq!(charges.len(), 1, "{k}: one charge");
+        }
+        assert_eq!(
+            provider.stats().await.charges,
+            keys.len() as i64,
+            "one provider charge each"
+        );
+        self.dedupq
+            .wait_ready(Duration::from_secs(20))
+            .await
+            .expect("ready again once the fault is over");
+        assert_eq!(self.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    }
+}
+
+/// Checks that no payment was given up so far (none dead-lettered, none
+/// counted invalid); returns the metrics read, for the fault's own checks.
+pub async fn nothing_given_up(dedupq: &Dedupq) -> String {
+    let metrics = dedupq.metrics().await;
+    let metric = |s: &str| crate::support::process::metric_value(&metrics, s);
+    assert_eq!(
+        metric("dedupq_dead_letters_total"),
+        0.0,
+        "nothing dead-lettered"
+    );
+    assert_eq!(
+        metric(r#"dedupq_messages_total{outcome="invalid"}"#),
+        0.0,
+        "no payment counted invalid"
+    );
+    metrics
+}
+
+/// Waits until /readyz is 503 and its body holds each of `words`.
+pub async fn not_ready_naming(dedupq: &Dedupq, words: &[&str]) {
+    eventually(
+        Duration::from_secs(30),
+        &format!("/readyz not ready, naming {words:?}"),
+        || async {
+            let (ok, body) = dedupq.readyz().await;
+            (!ok && words.iter().all(|w| body.contains(w))).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Waits until the provider has made `n` charges.
 pub async fn charged(provider: &Provider, n: i64) {
     eventually(Duration::from_secs(20), "the provider charged", || async {

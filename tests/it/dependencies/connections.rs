@@ -4,11 +4,10 @@
 //! once sessions are let in again; nothing is committed or dead-lettered
 //! before that; a payment arriving meanwhile waits and runs once.
 
-use super::common::{charged, status, KafkaRun, TENANT};
+use super::common::{charged, not_ready_naming, nothing_given_up, KafkaRun, TENANT};
+use crate::support::isolated_store;
 use crate::support::pg_faults::FaultyRole;
-use crate::support::process::base_config;
-use crate::support::process::Provider;
-use crate::support::{eventually, isolated_store};
+use crate::support::process::{base_config, metric_value, Provider};
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -34,44 +33,13 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
     // none of dedupq's sessions in.
     role.refuse_new_sessions().await;
     // The pool only says it timed out; /readyz says why.
-    eventually(
-        Duration::from_secs(30),
-        "/readyz not ready, naming 53300",
-        || async {
-            let (ok, body) = run.dedupq.readyz().await;
-            (!ok && body.contains("53300") && body.contains("too many connections")).then_some(())
-        },
-    )
-    .await;
+    not_ready_naming(&run.dedupq, &["53300", "too many connections"]).await;
     run.pay(0, TENANT, "pay-1", 1).await;
 
-    let until = tokio::time::Instant::now() + REFUSED_FOR;
-    while tokio::time::Instant::now() < until {
-        assert_eq!(
-            run.committed().await,
-            vec![-1],
-            "nothing committed while the outcome is not stored"
-        );
-        assert_eq!(
-            status(&store, "pay-0").await.as_deref(),
-            Some("in_progress")
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let metrics = run.dedupq.metrics().await;
-    let metric = |s: &str| crate::support::process::metric_value(&metrics, s);
-    assert_eq!(
-        metric("dedupq_dead_letters_total"),
-        0.0,
-        "nothing dead-lettered"
-    );
-    assert_eq!(
-        metric(r#"dedupq_messages_total{outcome="invalid"}"#),
-        0.0,
-        "no payment counted invalid"
-    );
+    run.held_uncommitted(&store, "pay-0", REFUSED_FOR).await;
+    let metrics = nothing_given_up(&run.dedupq).await;
     assert!(
-        metric(r#"dedupq_store_errors_total{class="pool"}"#) > 0.0,
+        metric_value(&metrics, r#"dedupq_store_errors_total{class="pool"}"#) > 0.0,
         "statements that found no connection counted under `pool`"
     );
     assert_eq!(
@@ -86,22 +54,8 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
     );
 
     role.accept_sessions_again().await;
-    run.wait_committed_to_end(Duration::from_secs(60)).await;
-    for k in ["pay-0", "pay-1"] {
-        assert_eq!(status(&store, k).await.as_deref(), Some("done"), "{k}");
-        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        assert_eq!(charges.len(), 1, "{k}: one charge");
-    }
-    assert_eq!(
-        provider.stats().await.charges,
-        2,
-        "one provider charge each"
-    );
-    run.dedupq
-        .wait_ready(Duration::from_secs(20))
-        .await
-        .expect("ready again once sessions are let in");
-    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
+        .await;
     run.dedupq.kill();
     role.drop().await;
 }

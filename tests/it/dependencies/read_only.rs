@@ -4,10 +4,12 @@
 //! dead-lettered before that; a payment arriving meanwhile waits and runs
 //! once; /readyz says why it is not ready.
 
-use super::common::{body, charged, status, with_amqp, KafkaRun, TENANT};
+use super::common::{
+    body, charged, not_ready_naming, nothing_given_up, status, with_amqp, KafkaRun, TENANT,
+};
 use crate::support::amqp::{Client, Msg};
 use crate::support::pg_faults::FaultyRole;
-use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::process::{base_config, metric_value, Dedupq, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use std::time::Duration;
@@ -15,35 +17,11 @@ use std::time::Duration;
 /// Longer than the test's lease (3 s): the lease must survive it.
 const READ_ONLY_FOR: Duration = Duration::from_secs(12);
 
-/// Waits until /readyz is 503 and names SQLSTATE 25006.
-async fn not_ready_for_read_only(dedupq: &Dedupq) {
-    eventually(
-        Duration::from_secs(20),
-        "/readyz not ready, naming 25006",
-        || async {
-            let (ok, body) = dedupq.readyz().await;
-            (!ok && body.contains("25006")).then_some(())
-        },
-    )
-    .await;
-}
-
 /// Checks, while the database stays read-only, that nothing was given up.
-async fn nothing_given_up(dedupq: &Dedupq, provider: &Provider) {
-    let metrics = dedupq.metrics().await;
-    let metric = |s: &str| crate::support::process::metric_value(&metrics, s);
-    assert_eq!(
-        metric("dedupq_dead_letters_total"),
-        0.0,
-        "nothing dead-lettered"
-    );
-    assert_eq!(
-        metric(r#"dedupq_messages_total{outcome="invalid"}"#),
-        0.0,
-        "no payment counted invalid"
-    );
+async fn nothing_given_up_while_read_only(dedupq: &Dedupq, provider: &Provider) {
+    let metrics = nothing_given_up(dedupq).await;
     assert!(
-        metric(r#"dedupq_store_errors_total{class="25"}"#) > 0.0,
+        metric_value(&metrics, r#"dedupq_store_errors_total{class="25"}"#) > 0.0,
         "read-only errors counted under class 25"
     );
     assert_eq!(
@@ -70,42 +48,16 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
     charged(&provider, 1).await;
     // The charge is made; its answer comes in 2 s, to a read-only server.
     role.fail_over_to_read_only().await;
-    not_ready_for_read_only(&run.dedupq).await;
+    not_ready_naming(&run.dedupq, &["25006"]).await;
     run.pay(0, TENANT, "pay-1", 1).await;
 
-    let until = tokio::time::Instant::now() + READ_ONLY_FOR;
-    while tokio::time::Instant::now() < until {
-        assert_eq!(
-            run.committed().await,
-            vec![-1],
-            "nothing committed while the outcome is not stored"
-        );
-        assert_eq!(
-            status(&store, "pay-0").await.as_deref(),
-            Some("in_progress")
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    nothing_given_up(&run.dedupq, &provider).await;
+    run.held_uncommitted(&store, "pay-0", READ_ONLY_FOR).await;
+    nothing_given_up_while_read_only(&run.dedupq, &provider).await;
 
     // Writable again for new sessions only: dedupq replaces its own.
     role.writable_again().await;
-    run.wait_committed_to_end(Duration::from_secs(60)).await;
-    for k in ["pay-0", "pay-1"] {
-        assert_eq!(status(&store, k).await.as_deref(), Some("done"), "{k}");
-        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        assert_eq!(charges.len(), 1, "{k}: one charge");
-    }
-    assert_eq!(
-        provider.stats().await.charges,
-        2,
-        "one provider charge each"
-    );
-    run.dedupq
-        .wait_ready(Duration::from_secs(20))
-        .await
-        .expect("ready again once writes work");
-    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
+        .await;
     run.dedupq.kill();
     role.drop().await;
 }
@@ -135,7 +87,7 @@ async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards
         .await;
     charged(&provider, 1).await;
     role.fail_over_to_read_only().await;
-    not_ready_for_read_only(&dedupq).await;
+    not_ready_naming(&dedupq, &["25006"]).await;
     client
         .publish(&queue, &Msg::new(TENANT, "pay-1", &body(1)))
         .await;
@@ -148,7 +100,7 @@ async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    nothing_given_up(&dedupq, &provider).await;
+    nothing_given_up_while_read_only(&dedupq, &provider).await;
     assert!(
         client.drain(&settings.dead_letter_queue).await.is_empty(),
         "nothing in the dead-letter queue"
