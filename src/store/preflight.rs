@@ -22,10 +22,18 @@ pub struct Server {
     /// `transaction_read_only`: a standby, or a database or role set
     /// `default_transaction_read_only`.
     pub read_only: bool,
-    /// Connections the server accepts in all, and those already open.
+    /// Connections the server accepts in all.
     pub max_connections: i64,
     /// Connections open on the server now.
     pub connections: i64,
+    /// Slots only superusers may take (`superuser_reserved_connections`);
+    /// 0 when the role is a superuser.
+    pub reserved: i64,
+    /// The role's own `CONNECTION LIMIT`; None when it has none (or is a
+    /// superuser, whom it does not bind).
+    pub role_limit: Option<i64>,
+    /// Connections the role has open now, this one included.
+    pub role_connections: i64,
     /// Whether TLS protects this connection.
     pub tls: bool,
 }
@@ -48,12 +56,31 @@ pub enum Missing {
 impl Store {
     /// The server and role (see [`Server`]).
     pub async fn server(&self) -> Result<Server, StoreError> {
-        let row: (String, String, String, String, i64, i64, bool) = sqlx::query_as(
+        type Row = (
+            String,
+            String,
+            String,
+            String,
+            i64,
+            i64,
+            bool,
+            i64,
+            Option<i64>,
+            i64,
+        );
+        let row: Row = sqlx::query_as(
             "SELECT current_setting('server_version'), current_user::text, \
              current_database()::text, current_setting('transaction_read_only'), \
              current_setting('max_connections')::bigint, \
              (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
-             COALESCE((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+             COALESCE((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false), \
+             CASE WHEN r.rolsuper THEN 0 \
+                  ELSE current_setting('superuser_reserved_connections')::bigint END, \
+             CASE WHEN r.rolsuper OR r.rolconnlimit < 0 THEN NULL \
+                  ELSE r.rolconnlimit::bigint END, \
+             (SELECT count(*) FROM pg_stat_activity \
+               WHERE usename = current_user AND backend_type = 'client backend') \
+             FROM pg_roles r WHERE r.rolname = current_user",
         )
         .fetch_one(self.pool())
         .await?;
@@ -65,6 +92,9 @@ impl Store {
             max_connections: row.4,
             connections: row.5,
             tls: row.6,
+            reserved: row.7,
+            role_limit: row.8,
+            role_connections: row.9,
         })
     }
 

@@ -3,7 +3,7 @@
 
 use super::{Check, Report};
 use crate::config::{MigrateMode, Settings};
-use crate::store::{Missing, Store};
+use crate::store::{Missing, Server, Store};
 use crate::telemetry::chain;
 use std::time::Duration;
 
@@ -62,27 +62,58 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
     } else {
         Check::ok("store.writable", "takes writes")
     });
-    let free = server.max_connections - server.connections;
-    report.push(if free < i64::from(s.store.max_connections) {
-        Check::warn(
-            "store.connections",
-            format!(
-                "{free} of max_connections {} free, fewer than store.max_connections {}",
-                server.max_connections, s.store.max_connections
-            ),
-            "raise PostgreSQL's max_connections, add a pooler, or lower store.max_connections",
-        )
-    } else {
-        Check::ok(
-            "store.connections",
-            format!(
-                "{free} of {} free; this process opens up to {}",
-                server.max_connections, s.store.max_connections
-            ),
-        )
-    });
+    report.push(connections(s, &server));
     migrations(s, &store, &server.user, report).await;
     privileges(&store, &server.user, report).await;
+}
+
+/// Whether the server, and the role's own `CONNECTION LIMIT`, leave room
+/// for this process: its pool and its upkeep connection. A limit reached
+/// is met at run time as `too many connections` (53300): claims wait.
+fn connections(s: &Settings, server: &Server) -> Check {
+    let needed = i64::from(s.store.max_connections) + 1;
+    let wants = format!(
+        "this process opens up to {needed} (store.max_connections {} and one upkeep connection)",
+        s.store.max_connections
+    );
+    let free = server.max_connections - server.reserved - server.connections;
+    if free < needed {
+        let reserved = match server.reserved {
+            0 => String::new(),
+            n => format!(", {n} reserved for superusers"),
+        };
+        return Check::warn(
+            "store.connections",
+            format!(
+                "{free} of max_connections {} free{reserved}; {wants}",
+                server.max_connections
+            ),
+            "raise PostgreSQL's max_connections, add a pooler, or lower store.max_connections",
+        );
+    }
+    if let Some(limit) = server.role_limit {
+        // This check's own connection is the role's too, and closes.
+        let elsewhere = server.role_connections - 1;
+        let role_free = limit - elsewhere;
+        if role_free < needed {
+            return Check::warn(
+                "store.connections",
+                format!(
+                    "role {} has CONNECTION LIMIT {limit}, {elsewhere} of them open elsewhere; {wants}",
+                    server.user
+                ),
+                format!(
+                    "ALTER ROLE {} CONNECTION LIMIT {} (or -1), or lower store.max_connections",
+                    server.user,
+                    elsewhere + needed
+                ),
+            );
+        }
+    }
+    Check::ok(
+        "store.connections",
+        format!("{free} of {} free; {wants}", server.max_connections),
+    )
 }
 
 async fn migrations(s: &Settings, store: &Store, user: &str, report: &mut Report) {

@@ -262,6 +262,57 @@ async fn a_read_only_database_and_a_role_without_grants_fail_the_store_checks() 
     }
 }
 
+/// A role whose `CONNECTION LIMIT` leaves less room than the process
+/// opens (its pool and the upkeep connection) would meet `too many
+/// connections` (53300) under load: the check warns, naming the role, the
+/// limit and the `ALTER ROLE` that makes room; with room, it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_connection_limit_below_what_the_process_opens_warns_with_the_fix() {
+    let provider = Provider::start(Knobs::default()).await;
+    let (_store, store) = isolated_store().await;
+    let topic = stock_topics("pre_connlimit").await;
+    let admin = PgPool::connect(&database_url()).await.unwrap();
+    let (role, password) = (unique("dq_connlimit"), unique("pw"));
+    admin
+        .execute(
+            format!("CREATE ROLE {role} LOGIN PASSWORD '{password}' CONNECTION LIMIT 6").as_str(),
+        )
+        .await
+        .unwrap();
+    let url = format!("postgres://{role}:{password}@127.0.0.1:5432/postgres");
+    let with_pool = |max_connections: u32| {
+        settings(
+            &StoreSettings {
+                url: SecretUrl::new(url.clone()),
+                max_connections,
+                ..store.clone()
+            },
+            &topic,
+            &provider,
+        )
+    };
+
+    let report = checks(Ok(with_pool(8))).await;
+    let check = report.get("store.connections").expect("the check ran");
+    assert_eq!(check.status, Status::Warn, "{check:#?}");
+    let text = format!("{} {}", check.detail, check.fix.as_deref().unwrap_or(""));
+    for w in [
+        role.as_str(),
+        "CONNECTION LIMIT 6",
+        "up to 9",
+        &format!("ALTER ROLE {role} CONNECTION LIMIT 9"),
+    ] {
+        assert!(text.contains(w), "{w:?} missing from {check:#?}");
+    }
+
+    // Room for a pool of 5 and the upkeep connection.
+    let report = checks(Ok(with_pool(5))).await;
+    assert_eq!(status(&report, "store.connections"), Status::Ok);
+    for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        admin.execute(sql.as_str()).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_or_refused_connections_fail_their_connect_checks() {
     let provider = Provider::start(Knobs::default()).await;
