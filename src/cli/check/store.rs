@@ -3,7 +3,7 @@
 
 use super::{Check, Report};
 use crate::config::{MigrateMode, Settings};
-use crate::store::{Missing, Server, Store};
+use crate::store::{Missing, Server, Store, StoreError};
 use crate::telemetry::chain;
 use std::time::Duration;
 
@@ -28,12 +28,7 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
     let server = match store.server().await {
         Ok(server) => server,
         Err(e) => {
-            report.push(Check::fail(
-                "store.connect",
-                format!("cannot reach PostgreSQL: {}", chain(&e)),
-                "check store.url (host, port, database, password) and that pg_hba.conf lets \
-                 this role connect from this host",
-            ));
+            report.push(unreachable(&store, e).await);
             return;
         }
     };
@@ -66,6 +61,39 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
     migrations(s, &store, &server.user, report).await;
     privileges(&store, &server.user, report).await;
 }
+
+/// `store.connect` failed. The pool says only that it timed out; a
+/// connection of its own says why (refused, authentication, too many
+/// connections).
+async fn unreachable(store: &Store, e: StoreError) -> Check {
+    let connect = match &e {
+        StoreError::Unavailable(sqlx::Error::PoolTimedOut) => store.connect_error().await,
+        _ => None,
+    };
+    let why = connect
+        .as_ref()
+        .map_or_else(|| chain(&e).to_string(), |c| chain(c).to_string());
+    let too_many = connect
+        .as_ref()
+        .and_then(|c| c.as_database_error())
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == TOO_MANY_CONNECTIONS);
+    let fix = if too_many {
+        "PostgreSQL has no connection left for this role (SQLSTATE 53300): raise the role's \
+         CONNECTION LIMIT or the server's max_connections, or close idle sessions"
+    } else {
+        "check store.url (host, port, database, password) and that pg_hba.conf lets this \
+         role connect from this host"
+    };
+    Check::fail(
+        "store.connect",
+        format!("cannot reach PostgreSQL: {why}"),
+        fix,
+    )
+}
+
+/// `too_many_connections`: the server's or the role's limit is reached.
+const TOO_MANY_CONNECTIONS: &str = "53300";
 
 /// Whether the server, and the role's own `CONNECTION LIMIT`, leave room
 /// for this process: its pool and its upkeep connection. A limit reached

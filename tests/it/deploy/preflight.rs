@@ -265,7 +265,8 @@ async fn a_read_only_database_and_a_role_without_grants_fail_the_store_checks() 
 /// A role whose `CONNECTION LIMIT` leaves less room than the process
 /// opens (its pool and the upkeep connection) would meet `too many
 /// connections` (53300) under load: the check warns, naming the role, the
-/// limit and the `ALTER ROLE` that makes room; with room, it passes.
+/// limit and the `ALTER ROLE` that makes room; with room, it passes; with
+/// none at all, connecting fails with PostgreSQL's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_connection_limit_below_what_the_process_opens_warns_with_the_fix() {
     let provider = Provider::start(Knobs::default()).await;
@@ -308,6 +309,19 @@ async fn a_role_connection_limit_below_what_the_process_opens_warns_with_the_fix
     // Room for a pool of 5 and the upkeep connection.
     let report = checks(Ok(with_pool(5))).await;
     assert_eq!(status(&report, "store.connections"), Status::Ok);
+
+    // No room at all: the connect check fails with PostgreSQL's reason,
+    // not the pool's timeout.
+    admin
+        .execute(format!("ALTER ROLE {role} CONNECTION LIMIT 0").as_str())
+        .await
+        .unwrap();
+    let report = checks(Ok(with_pool(5))).await;
+    assert_fails(
+        &report,
+        "store.connect",
+        &["too many connections", "53300", "CONNECTION LIMIT"],
+    );
     for sql in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
         admin.execute(sql.as_str()).await.unwrap();
     }
