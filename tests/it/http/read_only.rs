@@ -1,8 +1,9 @@
-//! PostgreSQL fails over to read-only while a sync request's charge is on
-//! its way: the request is not answered as done nor as failed before its
-//! outcome is stored; new requests meanwhile are refused with 503 and
-//! Retry-After (nothing run); once writes work, the retry gets the one
-//! stored charge.
+//! PostgreSQL fails over to read-only, or lets none of dedupq's sessions
+//! in, while a sync request's charge is on its way: the request is not
+//! answered as done nor as failed before its outcome is stored; new
+//! requests meanwhile are refused with 503 and Retry-After (nothing run);
+//! once PostgreSQL takes writes again, the retry gets the one stored
+//! charge.
 
 use super::harness::App;
 use crate::support::eventually;
@@ -14,9 +15,28 @@ use std::time::Duration;
 const BODY: &str = r#"{"amount": 100, "currency": "EUR", "recipient": "shop-1"}"#;
 const OTHER: &str = r#"{"amount": 200, "currency": "EUR", "recipient": "shop-2"}"#;
 
+/// What PostgreSQL does to dedupq's role once the charge is made.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// A failover to a read-only server (25006).
+    ReadOnly,
+    /// Every session cut and none let in (53300).
+    NoConnections,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sync_request_charged_while_postgres_turns_read_only_is_stored_afterwards_and_new_ones_get_503(
 ) {
+    charged_during(Fault::ReadOnly).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sync_request_charged_while_postgres_refuses_connections_is_stored_afterwards_and_new_ones_get_503(
+) {
+    charged_during(Fault::NoConnections).await;
+}
+
+async fn charged_during(fault: Fault) {
     let provider = Provider::start(Knobs {
         latency: Duration::from_secs(2),
         ..Knobs::default()
@@ -49,7 +69,10 @@ async fn a_sync_request_charged_while_postgres_turns_read_only_is_stored_afterwa
         (provider.stats().await.charges == 1).then_some(())
     })
     .await;
-    role.fail_over_to_read_only().await;
+    match fault {
+        Fault::ReadOnly => role.fail_over_to_read_only().await,
+        Fault::NoConnections => role.refuse_new_sessions().await,
+    }
     let first = first.await.expect("task").expect("an answer");
     assert_eq!(
         first, 504,
@@ -65,7 +88,10 @@ async fn a_sync_request_charged_while_postgres_turns_read_only_is_stored_afterwa
     );
     assert_eq!(app.decided("http", "invalid"), 0);
 
-    role.writable_again().await;
+    match fault {
+        Fault::ReadOnly => role.writable_again().await,
+        Fault::NoConnections => role.accept_sessions_again().await,
+    }
     // The stored charge: the first request's own answer (201), or, if its
     // lease could not be kept through the outage and a retry took the key
     // over, the provider's replay of that one charge (200).
