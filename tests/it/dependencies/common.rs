@@ -4,10 +4,13 @@
 
 use crate::support::amqp;
 use crate::support::kafka::{self, headers, produce};
-use crate::support::process::{Dedupq, Provider};
+use crate::support::pg_faults::FaultyRole;
+use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, unique};
+use dedupq::config::StoreSettings;
 use dedupq::store::Store;
 use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq_provider::Knobs;
 use rdkafka::producer::FutureProducer;
 use std::time::Duration;
 
@@ -165,6 +168,20 @@ pub async fn not_ready_naming(dedupq: &Dedupq, words: &[&str]) {
         },
     )
     .await;
+}
+
+/// A provider that answers 2 s after it charges, and a run logged in as
+/// `role` on a topic of its own (named after `name`): the window in which
+/// a fault meets an answer on its way.
+pub async fn run_as(name: &str, role: &FaultyRole, store: &StoreSettings) -> (Provider, KafkaRun) {
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let base = base_config(&role.store_settings(store), &provider);
+    let run = KafkaRun::start(name, 1, &base).await;
+    (provider, run)
 }
 
 /// Waits until the provider has made `n` charges.

@@ -4,11 +4,10 @@
 //! once sessions are let in again; nothing is committed or dead-lettered
 //! before that; a payment arriving meanwhile waits and runs once.
 
-use super::common::{charged, not_ready_naming, nothing_given_up, KafkaRun, TENANT};
+use super::common::{charged, not_ready_naming, nothing_given_up, run_as, TENANT};
 use crate::support::isolated_store;
 use crate::support::pg_faults::FaultyRole;
-use crate::support::process::{base_config, metric_value, Provider};
-use dedupq_provider::Knobs;
+use crate::support::process::metric_value;
 use std::time::Duration;
 
 /// Longer than the test's lease (3 s): the lease must survive it.
@@ -19,13 +18,7 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
 ) {
     let (store, store_settings) = isolated_store().await;
     let role = FaultyRole::create().await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(2),
-        ..Knobs::default()
-    })
-    .await;
-    let base = base_config(&role.store_settings(&store_settings), &provider);
-    let mut run = KafkaRun::start("noconn", 1, &base).await;
+    let (provider, mut run) = run_as("noconn", &role, &store_settings).await;
 
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;

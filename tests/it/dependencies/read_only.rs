@@ -5,7 +5,7 @@
 //! once; /readyz says why it is not ready.
 
 use super::common::{
-    body, charged, not_ready_naming, nothing_given_up, status, with_amqp, KafkaRun, TENANT,
+    body, charged, not_ready_naming, nothing_given_up, run_as, status, with_amqp, TENANT,
 };
 use crate::support::amqp::{Client, Msg};
 use crate::support::pg_faults::FaultyRole;
@@ -36,13 +36,7 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
 ) {
     let (store, store_settings) = isolated_store().await;
     let role = FaultyRole::create().await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(2),
-        ..Knobs::default()
-    })
-    .await;
-    let base = base_config(&role.store_settings(&store_settings), &provider);
-    let mut run = KafkaRun::start("readonly", 1, &base).await;
+    let (provider, mut run) = run_as("readonly", &role, &store_settings).await;
 
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;

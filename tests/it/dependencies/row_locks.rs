@@ -4,7 +4,7 @@
 //! batch and partition go on, and a charged payment's answer is stored
 //! once the lock is gone — never dead-lettered.
 
-use super::common::{charged, status, KafkaRun, TENANT};
+use super::common::{charged, run_as, status, KafkaRun, TENANT};
 use crate::support::kafka;
 use crate::support::pg_faults::{FaultyRole, RowLock};
 use crate::support::process::{base_config, Provider};
@@ -23,13 +23,7 @@ async fn kafka_a_finish_cancelled_by_the_roles_statement_timeout_on_a_locked_row
     // Shorter than dedupq's lock_timeout (1 s): PostgreSQL cancels the
     // waiting finish (57014) before the lock wait runs out.
     role.statement_timeout(Some(400)).await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(2),
-        ..Knobs::default()
-    })
-    .await;
-    let base = base_config(&role.store_settings(&store_settings), &provider);
-    let mut run = KafkaRun::start("stmt_timeout", 1, &base).await;
+    let (provider, mut run) = run_as("stmt_timeout", &role, &store_settings).await;
 
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;
