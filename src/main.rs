@@ -49,6 +49,8 @@ async fn main() -> ExitCode {
     telemetry.shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A stop asked for before start-up finished is a clean stop.
+        Err(e) if e.is::<dedupq::startup::StoppedDuringStartUp>() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dedupq: {e:#}");
             ExitCode::FAILURE

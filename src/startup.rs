@@ -31,8 +31,15 @@ pub struct Application {
     health: Health,
     addr: SocketAddr,
     server: JoinHandle<std::io::Result<()>>,
+    signals: JoinHandle<anyhow::Result<()>>,
     shutdown: CancellationToken,
 }
+
+/// A SIGINT or SIGTERM (or the shutdown token) that came while the store
+/// was still being prepared: a stop that was asked for, not a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped before start-up finished")]
+pub struct StoppedDuringStartUp;
 
 impl Application {
     /// Builds the configured handler (refusing a `handler.lookup_url` that
@@ -121,11 +128,12 @@ impl Application {
             pipeline,
             health,
             server,
+            signals,
             shutdown,
             ..
         } = self;
         let mut tasks = JoinSet::new();
-        tasks.spawn(watch_signals(shutdown.clone()));
+        tasks.spawn(async move { signals.await.context("signal task")? });
         tasks.spawn(async move {
             server
                 .await
@@ -227,6 +235,7 @@ impl Application {
 struct Parts {
     addr: SocketAddr,
     server: JoinHandle<std::io::Result<()>>,
+    signals: JoinHandle<anyhow::Result<()>>,
     store: Store,
     shutdown: CancellationToken,
     health: Health,
@@ -235,11 +244,21 @@ struct Parts {
 
 impl Parts {
     async fn prepare(settings: &Settings) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(settings.http.listen)
-            .await
-            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
-        let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
+        // Caught before the port opens: whoever waits for the port and
+        // then stops the process gets a clean stop, never death by the
+        // signal's default action; and a stop while PostgreSQL is awaited
+        // ends start-up.
+        let signals = Signals::install()?;
+        let listener = match TcpListener::bind(settings.http.listen).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("binding http.listen {}", settings.http.listen))
+            }
+        };
+        let signals = tokio::spawn(signals.watch(shutdown.clone()));
+        let addr = listener.local_addr()?;
         let (metrics, health) = (Metrics::new(), Health::default());
         health.set_down(Component::Store, "starting: not connected yet");
         let server = tokio::spawn(server::serve(
@@ -269,6 +288,7 @@ impl Parts {
         Ok(Self {
             addr,
             server,
+            signals,
             store,
             shutdown,
             health,
@@ -285,6 +305,7 @@ impl Parts {
             health: self.health,
             addr: self.addr,
             server: self.server,
+            signals: self.signals,
             shutdown: self.shutdown,
         }
     }
@@ -331,7 +352,10 @@ async fn prepare_store(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => return Err(e.into()),
+                    _ = shutdown.cancelled() => {
+                        tracing::info!(error = %cause, "stopped while waiting for PostgreSQL");
+                        return Err(StoppedDuringStartUp.into());
+                    }
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
@@ -343,21 +367,36 @@ async fn prepare_store(
     }
 }
 
-async fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    // SIGHUP asks for credential files to be read again (the API watches
-    // it); it never stops the process, whatever is enabled.
-    let mut hangup = signal(SignalKind::hangup())?;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = hangup.recv() => continue,
-            _ = shutdown.cancelled() => {}
-        }
-        break;
+/// SIGINT and SIGTERM stop the process; SIGHUP asks for credential files
+/// to be read again (the API watches it) and never stops it, whatever is
+/// enabled.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
     }
-    shutdown.cancel();
-    Ok(())
+
+    async fn watch(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => tracing::info!("SIGINT: shutting down"),
+                _ = self.term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = self.hangup.recv() => continue,
+                _ = shutdown.cancelled() => {}
+            }
+            break;
+        }
+        shutdown.cancel();
+        Ok(())
+    }
 }

@@ -31,16 +31,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Err(e) = knobs.validate() {
         anyhow::bail!("invalid --{}: {}", e.knob.replace('_', "-"), e.problem);
     }
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
     let shutdown = CancellationToken::new();
     // SIGINT (a terminal) or SIGTERM (docker stop, Kubernetes, a script)
-    // stops it the same way.
+    // stops it the same way. Both are caught before the port opens: a
+    // script that waits for the port and then stops it must not find the
+    // default action (death by signal) still in place.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
     let stop = shutdown.clone();
     tokio::spawn(async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
         }
         stop.cancel();

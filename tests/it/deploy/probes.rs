@@ -145,3 +145,34 @@ async fn a_role_postgresql_refuses_is_named_as_store_url_and_start_up_follows_it
     }
     ready.expect("ready once the role exists");
 }
+
+/// A stop asked for while dedupq still waits for PostgreSQL is a clean
+/// stop: SIGTERM the moment the operator port opens (a script or an
+/// orchestrator that gives up on a pod that never got ready) ends the
+/// process with status 0, never by the signal's default action.
+#[tokio::test]
+async fn sigterm_while_waiting_for_postgresql_is_a_clean_stop() {
+    let provider = Provider::start(Knobs::default()).await;
+    let port = free_port();
+    let url = format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres");
+    let (mut dedupq, _) = launch(&provider, url, &unique("stop_early"));
+
+    support::eventually(Duration::from_secs(20), "the operator port", || async {
+        TcpStream::connect(dedupq.http).await.ok()
+    })
+    .await;
+    dedupq.signal("-TERM");
+    let status = dedupq.wait_exit(Duration::from_secs(20)).await;
+    assert!(
+        status.success(),
+        "exited with {status}:\n{}",
+        dedupq.log_tail()
+    );
+    assert!(
+        dedupq
+            .log()
+            .contains("stopped while waiting for PostgreSQL"),
+        "{}",
+        dedupq.log_tail()
+    );
+}
