@@ -8,7 +8,7 @@ use crate::engine::{
 use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
-use crate::store::{self, Store};
+use crate::store::Store;
 use crate::telemetry::chain;
 use crate::{maintenance, server, transport};
 use anyhow::Context;
@@ -326,17 +326,12 @@ async fn prepare_store(
         match store.prepare(schema, mode).await {
             Ok(()) => return Ok(store),
             Err(e) if e.is_transient() => {
-                let connect = store.connect_error().await;
-                let cause = match &connect {
-                    Some(connect) => chain(connect).to_string(),
-                    None => chain(&e).to_string(),
-                };
+                let e = store.explained(e).await;
+                let cause = chain(&e).to_string();
                 // Still retried: a database operator may create the role
                 // after dedupq starts. But the operator reading this is
                 // told which setting to look at.
-                if e.is_credentials_refused()
-                    || connect.as_ref().is_some_and(store::credentials_refused)
-                {
+                if e.is_credentials_refused() {
                     tracing::warn!(
                         error = %cause,
                         "PostgreSQL refused the role or password of store.url \

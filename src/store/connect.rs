@@ -225,7 +225,7 @@ impl Store {
     /// Why a new connection fails right now (None: it succeeds). The pool
     /// only reports that it timed out; this says what an operator can fix
     /// (refused, unknown host, TLS, authentication).
-    pub async fn connect_error(&self) -> Option<sqlx::Error> {
+    async fn connect_error(&self) -> Option<sqlx::Error> {
         use sqlx::{ConnectOptions, Connection};
         let options = self.pool.connect_options();
         let attempt = options.connect();
@@ -239,17 +239,29 @@ impl Store {
         }
     }
 
+    /// `e` with the reason behind a pool timeout: a pool that times out
+    /// says only that, so a connection opened outside it (and closed at
+    /// once) says why: too many connections for the role or the server
+    /// (53300), refused, authentication. If that connection opens, the
+    /// pool was only busy, and the timeout is `e` as it was; any other
+    /// error is its own reason.
+    pub async fn explained(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Unavailable(sqlx::Error::PoolTimedOut) => {
+                self.connect_error().await.map_or(e, StoreError::from)
+            }
+            e => e,
+        }
+    }
+
     /// Can PostgreSQL take dedupq's writes right now? Reachable is not
     /// enough: a standby after a failover, or a database or role set
     /// `default_transaction_read_only`, answers reads and refuses every
     /// claim. Such a server is reported as the error a write would meet
     /// (SQLSTATE 25006), and the pool replaces its connections.
     ///
-    /// A pool that times out says only that; a connection opened outside
-    /// it (and closed at once) then says why: too many connections for the
-    /// role or the server (53300), refused, authentication. So `/readyz`
-    /// names what an operator can fix. If that connection opens, the pool
-    /// was only busy, and the timeout is reported as it is.
+    /// A pool that times out is [explained](Self::explained), so `/readyz`
+    /// names what an operator can fix.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let read_only: String =
             match sqlx::query_scalar("SELECT current_setting('transaction_read_only')")
@@ -257,11 +269,7 @@ impl Store {
                 .await
             {
                 Ok(value) => value,
-                Err(sqlx::Error::PoolTimedOut) => {
-                    let cause = self.connect_error().await;
-                    return Err(cause.unwrap_or(sqlx::Error::PoolTimedOut).into());
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.explained(e.into()).await),
             };
         if read_only == "on" {
             let e = StoreError::ReadOnly;

@@ -147,19 +147,13 @@ impl StoreError {
         self.sqlstate().as_deref() == Some(READ_ONLY)
     }
 
-    /// PostgreSQL refused to let the configured role in (see
-    /// [`credentials_refused`]).
+    /// PostgreSQL refused to let the configured role in: SQLSTATE class 28
+    /// (`invalid_password`, `invalid_authorization_specification`: no such
+    /// role, no `pg_hba.conf` entry, peer authentication failed).
     pub fn is_credentials_refused(&self) -> bool {
         self.sqlstate()
             .is_some_and(|c| c.starts_with(INVALID_AUTHORIZATION))
     }
-}
-
-/// PostgreSQL refused to let the configured role in: SQLSTATE class 28
-/// (`invalid_password`, `invalid_authorization_specification`: no such
-/// role, no `pg_hba.conf` entry, peer authentication failed).
-pub fn credentials_refused(e: &sqlx::Error) -> bool {
-    code_of(e).is_some_and(|c| c.starts_with(INVALID_AUTHORIZATION))
 }
 
 /// The class of `invalid_authorization_specification` and `invalid_password`.

@@ -19,7 +19,7 @@ mod transactional;
 pub use admin::{AuditRow, KeyFilter, KeyRow};
 pub use claim::{Claim, ClaimRequest, ClaimResult, RowAt, StoredRequest, StoredResult};
 pub use connect::Store;
-pub use error::{credentials_refused, StoreError, STORE_ERROR_CLASSES};
+pub use error::{StoreError, STORE_ERROR_CLASSES};
 pub use finish::{Answer, Finish, FinishWrite, Written, HINTED_FROM};
 pub use lookup::KeyState;
 pub use maintenance::Renewed;

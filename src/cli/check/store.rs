@@ -62,22 +62,11 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
     privileges(&store, &server.user, report).await;
 }
 
-/// `store.connect` failed. The pool says only that it timed out; a
-/// connection of its own says why (refused, authentication, too many
-/// connections).
+/// `store.connect` failed, for the reason [`Store::explained`] gives.
 async fn unreachable(store: &Store, e: StoreError) -> Check {
-    let connect = match &e {
-        StoreError::Unavailable(sqlx::Error::PoolTimedOut) => store.connect_error().await,
-        _ => None,
-    };
-    let why = connect
-        .as_ref()
-        .map_or_else(|| chain(&e).to_string(), |c| chain(c).to_string());
-    let too_many = connect
-        .as_ref()
-        .and_then(|c| c.as_database_error())
-        .and_then(|d| d.code())
-        .is_some_and(|code| code == TOO_MANY_CONNECTIONS);
+    let e = store.explained(e).await;
+    let too_many = e.sqlstate().as_deref() == Some(TOO_MANY_CONNECTIONS);
+    let why = chain(&e);
     let fix = if too_many {
         "PostgreSQL has no connection left for this role (SQLSTATE 53300): raise the role's \
          CONNECTION LIMIT or the server's max_connections, or close idle sessions"
