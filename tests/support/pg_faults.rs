@@ -7,6 +7,34 @@ use super::{database_url, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
 use sqlx::{Executor, PgPool};
 
+/// A fault that takes every session of a [`FaultyRole`] away at once.
+#[derive(Clone, Copy, Debug)]
+pub enum RoleFault {
+    /// A failover to a read-only server (25006).
+    ReadOnly,
+    /// Every session cut and none let in (53300).
+    NoConnections,
+}
+
+impl RoleFault {
+    /// What `/readyz` names while the fault lasts.
+    pub fn named_as(self) -> &'static [&'static str] {
+        match self {
+            RoleFault::ReadOnly => &["25006"],
+            RoleFault::NoConnections => &["53300", "too many connections"],
+        }
+    }
+
+    /// The `class` label of `dedupq_store_errors_total` its errors get.
+    pub fn error_class(self) -> &'static str {
+        match self {
+            RoleFault::ReadOnly => "25",
+            // The pool times out; it has no SQLSTATE to count.
+            RoleFault::NoConnections => "pool",
+        }
+    }
+}
+
 pub struct FaultyRole {
     pub name: String,
     password: String,
@@ -81,6 +109,22 @@ impl FaultyRole {
     /// New sessions are let in again, as before.
     pub async fn accept_sessions_again(&self) {
         self.alter("SUPERUSER CONNECTION LIMIT -1").await;
+    }
+
+    /// `fault` begins.
+    pub async fn begin(&self, fault: RoleFault) {
+        match fault {
+            RoleFault::ReadOnly => self.fail_over_to_read_only().await,
+            RoleFault::NoConnections => self.refuse_new_sessions().await,
+        }
+    }
+
+    /// `fault` ends (for new sessions).
+    pub async fn end(&self, fault: RoleFault) {
+        match fault {
+            RoleFault::ReadOnly => self.writable_again().await,
+            RoleFault::NoConnections => self.accept_sessions_again().await,
+        }
     }
 
     async fn alter(&self, options: &str) {

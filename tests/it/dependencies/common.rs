@@ -2,10 +2,10 @@
 //! each transport, a run on a Kafka topic of its own, and reads of the key
 //! table and the provider.
 
-use crate::support::amqp;
 use crate::support::kafka::{self, headers, produce};
-use crate::support::pg_faults::FaultyRole;
-use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::pg_faults::{FaultyRole, RoleFault};
+use crate::support::process::{base_config, metric_value, Dedupq, Provider};
+use crate::support::{amqp, rabbit_management};
 use crate::support::{eventually, unique};
 use dedupq::config::StoreSettings;
 use dedupq::store::Store;
@@ -221,4 +221,91 @@ pub fn set(config: &mut toml::Table, section: &str, key: &str, value: impl Into<
         .as_table_mut()
         .expect("a table");
     table.insert(key.to_string(), value.into());
+}
+
+/// The AMQP side of a fault that takes dedupq's sessions away: a delivery
+/// charged, its answer 2 s away, when `fault` begins; another published
+/// meanwhile. For `for_` (longer than the lease) the first stays claimed
+/// and unacked, nothing is run, dead-lettered or counted invalid, and
+/// /readyz names the fault; once it ends, each is stored done with one
+/// charge and only then acked.
+pub async fn amqp_charge_answered_during(fault: RoleFault, for_: Duration) {
+    let (store, store_settings) = crate::support::isolated_store().await;
+    let role = FaultyRole::create().await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_secs(2),
+        ..Knobs::default()
+    })
+    .await;
+    let base = base_config(&role.store_settings(&store_settings), &provider);
+    let (config, settings) = with_amqp(&base);
+    let queue = settings.queues[0].clone();
+    let mut dedupq = Dedupq::start(&config).await;
+    dedupq
+        .wait_ready(Duration::from_secs(30))
+        .await
+        .expect("ready");
+
+    let client = amqp::Client::connect().await;
+    client
+        .publish(&queue, &amqp::Msg::new(TENANT, "pay-0", &body(0)))
+        .await;
+    charged(&provider, 1).await;
+    role.begin(fault).await;
+    not_ready_naming(&dedupq, fault.named_as()).await;
+    client
+        .publish(&queue, &amqp::Msg::new(TENANT, "pay-1", &body(1)))
+        .await;
+
+    let until = tokio::time::Instant::now() + for_;
+    while tokio::time::Instant::now() < until {
+        assert_eq!(
+            status(&store, "pay-0").await.as_deref(),
+            Some("in_progress"),
+            "claimed, its answer not stored yet"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The management API's counts lag by up to 5 s; both deliveries were
+    // published longer ago than that, and neither may have been acked.
+    let info = rabbit_management::queue_info(&queue).await;
+    assert_eq!(
+        info["messages"], 2,
+        "both deliveries still held, neither acked (ready {}, unacked {})",
+        info["messages_ready"], info["messages_unacknowledged"]
+    );
+    let metrics = nothing_given_up(&dedupq).await;
+    let class = format!(
+        r#"dedupq_store_errors_total{{class="{}"}}"#,
+        fault.error_class()
+    );
+    assert!(metric_value(&metrics, &class) > 0.0, "{class} counted");
+    assert_eq!(
+        provider.stats().await.charges,
+        1,
+        "the payment that arrived meanwhile is not run before it can be claimed"
+    );
+    assert!(
+        client.drain(&settings.dead_letter_queue).await.is_empty(),
+        "nothing in the dead-letter queue"
+    );
+
+    role.end(fault).await;
+    for k in ["pay-0", "pay-1"] {
+        eventually(Duration::from_secs(60), "stored done", || async {
+            (status(&store, k).await.as_deref() == Some("done")).then_some(())
+        })
+        .await;
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        assert_eq!(charges.len(), 1, "{k}: one charge");
+    }
+    eventually(Duration::from_secs(30), "every delivery acked", || async {
+        (rabbit_management::queue_info(&queue).await["messages"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(provider.stats().await.charges, 2);
+    assert!(client.drain(&settings.dead_letter_queue).await.is_empty());
+    dedupq.kill();
+    client.cleanup(&settings).await;
+    role.drop().await;
 }

@@ -2,11 +2,13 @@
 //! after the provider charged and before the outcome is stored: every
 //! session is cut and no new one is let in. The answer is kept and stored
 //! once sessions are let in again; nothing is committed or dead-lettered
-//! before that; a payment arriving meanwhile waits and runs once.
+//! or acked before that; a payment arriving meanwhile waits and runs once.
 
-use super::common::{charged, not_ready_naming, nothing_given_up, run_as, TENANT};
+use super::common::{
+    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, TENANT,
+};
 use crate::support::isolated_store;
-use crate::support::pg_faults::FaultyRole;
+use crate::support::pg_faults::{FaultyRole, RoleFault};
 use crate::support::process::metric_value;
 use std::time::Duration;
 
@@ -51,4 +53,10 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
         .await;
     run.dedupq.kill();
     role.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_charge_answered_while_postgres_refuses_connections_is_stored_afterwards_and_only_then_acked(
+) {
+    amqp_charge_answered_during(RoleFault::NoConnections, REFUSED_FOR).await;
 }

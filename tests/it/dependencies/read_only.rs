@@ -5,13 +5,11 @@
 //! once; /readyz says why it is not ready.
 
 use super::common::{
-    body, charged, not_ready_naming, nothing_given_up, run_as, status, with_amqp, TENANT,
+    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, TENANT,
 };
-use crate::support::amqp::{Client, Msg};
-use crate::support::pg_faults::FaultyRole;
-use crate::support::process::{base_config, metric_value, Dedupq, Provider};
-use crate::support::{eventually, isolated_store};
-use dedupq_provider::Knobs;
+use crate::support::isolated_store;
+use crate::support::pg_faults::{FaultyRole, RoleFault};
+use crate::support::process::{metric_value, Dedupq, Provider};
 use std::time::Duration;
 
 /// Longer than the test's lease (3 s): the lease must survive it.
@@ -59,63 +57,5 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards_and_only_then_acked(
 ) {
-    let (store, store_settings) = isolated_store().await;
-    let role = FaultyRole::create().await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(2),
-        ..Knobs::default()
-    })
-    .await;
-    let base = base_config(&role.store_settings(&store_settings), &provider);
-    let (config, settings) = with_amqp(&base);
-    let queue = settings.queues[0].clone();
-    let mut dedupq = Dedupq::start(&config).await;
-    dedupq
-        .wait_ready(Duration::from_secs(30))
-        .await
-        .expect("ready");
-
-    let client = Client::connect().await;
-    client
-        .publish(&queue, &Msg::new(TENANT, "pay-0", &body(0)))
-        .await;
-    charged(&provider, 1).await;
-    role.fail_over_to_read_only().await;
-    not_ready_naming(&dedupq, &["25006"]).await;
-    client
-        .publish(&queue, &Msg::new(TENANT, "pay-1", &body(1)))
-        .await;
-
-    let until = tokio::time::Instant::now() + READ_ONLY_FOR;
-    while tokio::time::Instant::now() < until {
-        assert_eq!(
-            status(&store, "pay-0").await.as_deref(),
-            Some("in_progress")
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    nothing_given_up_while_read_only(&dedupq, &provider).await;
-    assert!(
-        client.drain(&settings.dead_letter_queue).await.is_empty(),
-        "nothing in the dead-letter queue"
-    );
-
-    role.writable_again().await;
-    for k in ["pay-0", "pay-1"] {
-        eventually(Duration::from_secs(60), "stored done", || async {
-            (status(&store, k).await.as_deref() == Some("done")).then_some(())
-        })
-        .await;
-        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        assert_eq!(charges.len(), 1, "{k}: one charge");
-    }
-    eventually(Duration::from_secs(20), "the queue drained", || async {
-        (client.ready(&queue).await == 0).then_some(())
-    })
-    .await;
-    assert_eq!(provider.stats().await.charges, 2);
-    assert!(client.drain(&settings.dead_letter_queue).await.is_empty());
-    dedupq.kill();
-    client.cleanup(&settings).await;
-    role.drop().await;
+    amqp_charge_answered_during(RoleFault::ReadOnly, READ_ONLY_FOR).await;
 }

@@ -7,22 +7,13 @@
 
 use super::harness::App;
 use crate::support::eventually;
-use crate::support::pg_faults::FaultyRole;
+use crate::support::pg_faults::{FaultyRole, RoleFault as Fault};
 use crate::support::process::Provider;
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 100, "currency": "EUR", "recipient": "shop-1"}"#;
 const OTHER: &str = r#"{"amount": 200, "currency": "EUR", "recipient": "shop-2"}"#;
-
-/// What PostgreSQL does to dedupq's role once the charge is made.
-#[derive(Clone, Copy)]
-enum Fault {
-    /// A failover to a read-only server (25006).
-    ReadOnly,
-    /// Every session cut and none let in (53300).
-    NoConnections,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sync_request_charged_while_postgres_turns_read_only_is_stored_afterwards_and_new_ones_get_503(
@@ -69,10 +60,7 @@ async fn charged_during(fault: Fault) {
         (provider.stats().await.charges == 1).then_some(())
     })
     .await;
-    match fault {
-        Fault::ReadOnly => role.fail_over_to_read_only().await,
-        Fault::NoConnections => role.refuse_new_sessions().await,
-    }
+    role.begin(fault).await;
     let first = first.await.expect("task").expect("an answer");
     assert_eq!(
         first, 504,
@@ -88,10 +76,7 @@ async fn charged_during(fault: Fault) {
     );
     assert_eq!(app.decided("http", "invalid"), 0);
 
-    match fault {
-        Fault::ReadOnly => role.writable_again().await,
-        Fault::NoConnections => role.accept_sessions_again().await,
-    }
+    role.end(fault).await;
     // The stored charge: the first request's own answer (201), or, if its
     // lease could not be kept through the outage and a retry took the key
     // over, the provider's replay of that one charge (200).
