@@ -3,7 +3,7 @@
 
 use super::knobs::OddAnswer;
 use super::ledger::Answer;
-use axum::http::header::{ALLOW, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
+use axum::http::header::{ALLOW, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -106,8 +106,13 @@ pub(crate) fn after_charge_error(status: u16) -> Answer {
 
 /// A status answered instead of charging: a redirect to the charge
 /// listing (which a client that follows it turns into a GET, or a second
-/// POST on 307/308), or a configuration fault.
-pub(crate) fn instead_of_charging(status: u16, request: &HeaderMap) -> Response {
+/// POST on 307/308), a configuration fault, or a rate limit (429), with
+/// `Retry-After` when asked.
+pub(crate) fn instead_of_charging(
+    status: u16,
+    retry_after: Option<u32>,
+    request: &HeaderMap,
+) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = error(
         code,
@@ -123,6 +128,9 @@ pub(crate) fn instead_of_charging(status: u16, request: &HeaderMap) -> Response 
         if let Ok(v) = HeaderValue::from_str(&location) {
             headers.insert(LOCATION, v);
         }
+    }
+    if let Some(seconds) = retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     match code {
         StatusCode::UNAUTHORIZED => {

@@ -55,7 +55,7 @@ pub(super) async fn create_charge(
         return response;
     }
     if let Some(status) = fate.status_instead {
-        return answer::instead_of_charging(status, &headers);
+        return answer::instead_of_charging(status, knobs.answer_retry_after, &headers);
     }
     if fate.hang_before_charge {
         std::future::pending::<()>().await;

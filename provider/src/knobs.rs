@@ -34,7 +34,7 @@ pub(crate) const MAX_ANSWER_PADDING: usize = 1024 * 1024;
 
 /// Statuses the simulator can answer instead of charging: configuration
 /// faults and redirects (whose `Location` is the charge listing).
-pub const STATUS_ANSWERS: [u16; 9] = [301, 302, 303, 307, 308, 401, 403, 404, 405];
+pub const STATUS_ANSWERS: [u16; 10] = [301, 302, 303, 307, 308, 401, 403, 404, 405, 429];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -87,6 +87,9 @@ pub struct Knobs {
     pub answer_status_rate: f64,
     /// The next N requests are answered `answer_status`, with no charge.
     pub answer_status_next: u32,
+    /// `Retry-After` (seconds) on those answers: a 429 with it is a
+    /// provider's rate limit. None: no `Retry-After`.
+    pub answer_retry_after: Option<u32>,
     /// The answer the next `odd_answer_next` charges get (and keep: a
     /// repeat replays it).
     pub odd_answer: Option<OddAnswer>,
@@ -123,6 +126,7 @@ impl Default for Knobs {
             answer_status: None,
             answer_status_rate: 0.0,
             answer_status_next: 0,
+            answer_retry_after: None,
             odd_answer: None,
             odd_answer_next: 0,
             answer_padding: 0,

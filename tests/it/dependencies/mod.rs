@@ -1,8 +1,8 @@
 //! Hostile dependencies against the real services: a PostgreSQL that
 //! fails over to read-only, times statements out, has a row locked from
 //! another session, refuses new connections or has its disk full; a
-//! provider in an outage or answering 5xx after it acted; a worker paused
-//! past its lease. None of them may change a stored outcome, drop an
+//! provider in an outage, rate-limiting, or answering 5xx after it acted;
+//! a worker paused past its lease. None of them may change a stored outcome, drop an
 //! answer the provider gave, or give a payment up for good.
 
 mod common;
@@ -11,5 +11,6 @@ mod disk_full;
 mod faults;
 mod paused_worker;
 mod provider_outage;
+mod rate_limit;
 mod read_only;
 mod row_locks;

@@ -13,8 +13,14 @@ async fn a_status_answered_instead_of_charging_charges_nothing_and_redirects_poi
 {
     let provider = Provider::start(Knobs::default()).await;
     for (n, status) in STATUS_ANSWERS.into_iter().enumerate() {
+        // A 429 is a rate limit: it says when to come back.
+        let retry_after = (status == 429).then_some(3);
         provider
-            .set_knobs(json!({"answer_status": status, "answer_status_next": 1}))
+            .set_knobs(json!({
+                "answer_status": status,
+                "answer_status_next": 1,
+                "answer_retry_after": retry_after
+            }))
             .await;
         let key = format!("acme:status-{n}");
 
@@ -34,6 +40,11 @@ async fn a_status_answered_instead_of_charging_charges_nothing_and_redirects_poi
             405 => assert_eq!(header("allow").as_deref(), Some("GET")),
             _ => {}
         }
+        assert_eq!(
+            header("retry-after"),
+            retry_after.map(|s| s.to_string()),
+            "{status}"
+        );
         assert_eq!(next.status(), 201, "{status}: only the next request");
         assert_eq!(
             provider.charges_for(&key).await.len(),
