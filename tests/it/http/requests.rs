@@ -10,6 +10,7 @@ use serde_json::json;
 use std::time::Duration;
 
 const BODY: &str = r#"{"amount": 100, "currency": "EUR", "recipient": "acct-1"}"#;
+const OTHER: &str = r#"{"amount": 200, "currency": "EUR", "recipient": "acct-2"}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_or_invalid_key_or_body_answers_400_claims_nothing_and_the_fixed_request_goes_through(
@@ -213,6 +214,63 @@ async fn a_transient_provider_failure_answers_503_and_the_retry_charges_once() {
         "{retried:?}"
     );
     assert_eq!(provider.stats().await.charges, 1);
+}
+
+/// A provider that rate-limits (429, `Retry-After: 6`): its wait reaches
+/// the client. The request that met the 429 and one that arrives while
+/// intake is paused are both answered 503 with a `Retry-After` that ends
+/// no sooner than the provider's; nothing else reaches the provider
+/// meanwhile; retried once that time is up, each is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limit_is_relayed_as_503_with_the_providers_retry_after_and_the_retries_charge_once()
+{
+    const ASKED: u64 = 6;
+    let provider = Provider::start(Knobs {
+        answer_status: Some(429),
+        answer_status_rate: 1.0,
+        answer_retry_after: Some(ASKED as u32),
+        ..Knobs::default()
+    })
+    .await;
+    let app = App::with(&provider, |_, _| {}).await;
+    let sent = tokio::time::Instant::now();
+    let limited = app.pay("pay-r1", BODY).await;
+    assert_eq!(
+        limited.problem(503),
+        "urn:dedupq:problem:handler-unavailable"
+    );
+    assert!(limited.retry_after() >= ASKED, "{limited:?}");
+    let paused = app.pay("pay-r2", OTHER).await;
+    assert_eq!(
+        paused.problem(503),
+        "urn:dedupq:problem:provider-unavailable"
+    );
+    // At least what is left of the provider's wait, counted from before
+    // the first request was sent.
+    let left = ASKED.saturating_sub(sent.elapsed().as_secs_f64().ceil() as u64);
+    assert!((left..=ASKED).contains(&paused.retry_after()), "{paused:?}");
+    assert_eq!(
+        app.status("acme", "pay-r1").await.as_deref(),
+        Some("in_progress"),
+        "released (its lease ended), never stored failed"
+    );
+
+    provider
+        .set_knobs(json!({ "answer_status_rate": 0.0 }))
+        .await;
+    // The built-in client honours Retry-After.
+    tokio::time::sleep(Duration::from_secs(limited.retry_after())).await;
+    for (key, body) in [("pay-r1", BODY), ("pay-r2", OTHER)] {
+        let retried = app.pay(key, body).await;
+        assert_eq!(retried.status, 201, "{key}: {retried:?}");
+        let charges = provider.charges_for(&format!("acme:{key}")).await;
+        assert_eq!(charges.len(), 1, "{key}: one charge");
+    }
+    assert_eq!(
+        app.decided("http", "failed"),
+        0,
+        "a rate limit is never stored as failed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
