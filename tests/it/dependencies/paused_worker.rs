@@ -1,13 +1,14 @@
 //! A worker paused (SIGSTOP, as a GC pause or a frozen VM would) while it
-//! holds claimed, queued work, for longer than its lease. Another instance
+//! holds claimed, queued work, for longer than its lease, on Kafka and on
+//! RabbitMQ. Another instance
 //! takes the keys over and settles them. When the paused worker resumes it
 //! starts no provider call on its stale claims, and its late writes are
 //! fenced and counted.
 
-use super::common::{body, set, with_kafka, TENANT};
+use super::common::{body, set, status, with_amqp, with_kafka, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
-use crate::support::{eventually, isolated_store, unique};
+use crate::support::{amqp, eventually, isolated_store, rabbit_management, unique};
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -70,8 +71,21 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
     // provider (each waits behind the previous one's 0.8 s).
     tokio::time::sleep(Duration::from_secs(4)).await;
 
+    no_calls_from_the_resumed_worker(&provider, N, resumed_at).await;
+    a.kill();
+    b.kill();
+}
+
+/// Once worker a is resumed (at `resumed_at`) and has had time to start
+/// whatever it had queued: none of the `n` keys got a call from it after
+/// that, and every key a had only queued was charged once, by b.
+async fn no_calls_from_the_resumed_worker(
+    provider: &Provider,
+    n: usize,
+    resumed_at: chrono::DateTime<chrono::Utc>,
+) {
     let mut late = Vec::new();
-    for k in 0..N {
+    for k in 0..n {
         let key = format!("pay-{k}");
         let charges = provider.charges_for(&format!("{TENANT}:{key}")).await;
         let by_a = |c: &&dedupq_provider::Charge| c.owner.as_deref() == Some("worker-a");
@@ -90,6 +104,73 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
         }
     }
     assert!(late.is_empty(), "calls from the resumed worker: {late:?}");
+}
+
+/// The same on RabbitMQ: a stopped worker's connection misses its
+/// heartbeats, the broker closes it and hands its unacked deliveries to
+/// the other worker, which takes the keys over once a's leases end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider_for_none_of_its_stale_claims(
+) {
+    let (store, store_settings) = isolated_store().await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_millis(800),
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let (amqp_base, settings) = with_amqp(&base_config(&store_settings, &provider));
+    let queue = settings.queues[0].clone();
+    let worker = |owner: &str| {
+        let mut config = amqp_base.clone();
+        set(&mut config, "engine", "owner", owner);
+        set(&mut config, "engine", "concurrency", 1_i64);
+        // The broker gives a silent connection up after about two beats.
+        set(&mut config, "amqp", "heartbeat", "2s");
+        config
+    };
+    let mut a = Dedupq::start(&worker("worker-a")).await;
+    a.wait_ready(Duration::from_secs(30))
+        .await
+        .expect("a ready");
+
+    const N: usize = 6;
+    let client = amqp::Client::connect().await;
+    for k in 0..N {
+        client
+            .publish(
+                &queue,
+                &amqp::Msg::new(TENANT, &format!("pay-{k}"), &body(k)),
+            )
+            .await;
+    }
+    eventually(Duration::from_secs(20), "worker a's first call", || async {
+        (provider.stats().await.charges >= 1).then_some(())
+    })
+    .await;
+    a.signal("-STOP");
+    let mut b = Dedupq::start(&worker("worker-b")).await;
+    for k in 0..N {
+        let key = format!("pay-{k}");
+        eventually(Duration::from_secs(90), "settled by b", || async {
+            (status(&store, &key).await.as_deref() == Some("done")).then_some(())
+        })
+        .await;
+    }
+    eventually(Duration::from_secs(30), "every delivery acked", || async {
+        (rabbit_management::queue_info(&queue).await["messages"] == 0).then_some(())
+    })
+    .await;
+    let resumed_at = chrono::Utc::now();
+    a.signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    no_calls_from_the_resumed_worker(&provider, N, resumed_at).await;
+    assert!(
+        client.drain(&settings.dead_letter_queue).await.is_empty(),
+        "nothing dead-lettered"
+    );
     a.kill();
     b.kill();
+    client.cleanup(&settings).await;
 }
