@@ -250,13 +250,9 @@ impl Parts {
         // signal's default action; and a stop while PostgreSQL is awaited
         // ends start-up.
         let signals = Signals::install()?;
-        let listener = match TcpListener::bind(settings.http.listen).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("binding http.listen {}", settings.http.listen))
-            }
-        };
+        let listener = TcpListener::bind(settings.http.listen)
+            .await
+            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
         let signals = tokio::spawn(signals.watch(shutdown.clone()));
         let addr = listener.local_addr()?;
         let (metrics, health) = (Metrics::new(), Health::default());

@@ -96,6 +96,46 @@ impl KafkaRun {
     }
 }
 
+/// Handler calls `dedupq` made (every answer, whatever it was).
+pub async fn calls(dedupq: &Dedupq) -> f64 {
+    dedupq.metric("dedupq_handler_duration_seconds_count").await
+}
+
+impl KafkaRun {
+    /// Once a provider that paused intake answers again: every message
+    /// committed, payments `pay-0` … `pay-{n-1}` stored `done` with one
+    /// charge each, nothing dead-lettered or stored failed, intake resumed
+    /// and the process ready.
+    pub async fn charged_once_after_the_pause(
+        &mut self,
+        store: &Store,
+        provider: &Provider,
+        n: usize,
+    ) {
+        self.wait_committed_to_end(Duration::from_secs(60)).await;
+        for k in 0..n {
+            let key = format!("pay-{k}");
+            assert_eq!(status(store, &key).await.as_deref(), Some("done"), "{key}");
+            assert_eq!(
+                provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
+                1,
+                "{key}: charged once"
+            );
+        }
+        for series in [
+            "dedupq_dead_letters_total",
+            r#"dedupq_messages_total{outcome="failed"}"#,
+            "dedupq_handler_paused",
+        ] {
+            assert_eq!(self.dedupq.metric(series).await, 0.0, "{series}");
+        }
+        self.dedupq
+            .wait_ready(Duration::from_secs(20))
+            .await
+            .expect("ready again");
+    }
+}
+
 impl KafkaRun {
     /// For `for_`, checks every half second that nothing is committed and
     /// that `key`'s outcome is not stored: its answer is held in memory.

@@ -5,7 +5,7 @@
 //! one probe at a time tests the provider, and everything is charged once
 //! when it is back; a 500 after a charge is `unknown`, never `failed`.
 
-use super::common::{set, status, KafkaRun, TENANT};
+use super::common::{calls, set, status, KafkaRun, TENANT};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
@@ -13,11 +13,6 @@ use serde_json::json;
 use std::time::Duration;
 
 const OUTAGE: Duration = Duration::from_secs(12);
-
-/// Handler calls dedupq made (every answer, whatever it was).
-async fn calls(dedupq: &Dedupq) -> f64 {
-    dedupq.metric("dedupq_handler_duration_seconds_count").await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_all_charged_once_when_it_is_back(
@@ -69,33 +64,7 @@ async fn kafka_payments_arriving_during_a_provider_outage_pause_intake_and_are_a
     );
 
     provider.set_knobs(json!({ "fail_rate": 0.0 })).await;
-    run.wait_committed_to_end(Duration::from_secs(60)).await;
-    for k in 0..N {
-        let key = format!("pay-{k}");
-        assert_eq!(status(&store, &key).await.as_deref(), Some("done"), "{key}");
-        assert_eq!(
-            provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
-            1,
-            "{key}: charged once"
-        );
-    }
-    assert_eq!(
-        run.dedupq.metric("dedupq_dead_letters_total").await,
-        0.0,
-        "nothing dead-lettered"
-    );
-    assert_eq!(
-        run.dedupq
-            .metric(r#"dedupq_messages_total{outcome="failed"}"#)
-            .await,
-        0.0,
-        "nothing stored failed"
-    );
-    assert_eq!(run.dedupq.metric("dedupq_handler_paused").await, 0.0);
-    run.dedupq
-        .wait_ready(Duration::from_secs(20))
-        .await
-        .expect("ready again");
+    run.charged_once_after_the_pause(&store, &provider, N).await;
     run.dedupq.kill();
 }
 

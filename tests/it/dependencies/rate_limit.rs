@@ -6,8 +6,8 @@
 //! against `handler.retry_for`; nothing is stored failed or
 //! dead-lettered; once the limit is lifted, each payment is charged once.
 
-use super::common::{set, status, KafkaRun, TENANT};
-use crate::support::process::{base_config, Dedupq, Provider};
+use super::common::{calls, set, KafkaRun, TENANT};
+use crate::support::process::{base_config, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
 use serde_json::json;
@@ -16,11 +16,6 @@ use std::time::Duration;
 /// What the provider asks for, in seconds: longer than the test's
 /// `handler.retry_for` and far longer than its retry backoff (50–500 ms).
 const RETRY_AFTER: u32 = 8;
-
-/// Handler calls dedupq made (every answer, whatever it was).
-async fn calls(dedupq: &Dedupq) -> f64 {
-    dedupq.metric("dedupq_handler_duration_seconds_count").await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_and_are_charged_once_after(
@@ -70,26 +65,6 @@ async fn kafka_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_an
     provider
         .set_knobs(json!({ "answer_status_rate": 0.0 }))
         .await;
-    run.wait_committed_to_end(Duration::from_secs(60)).await;
-    for k in 0..N {
-        let key = format!("pay-{k}");
-        assert_eq!(status(&store, &key).await.as_deref(), Some("done"), "{key}");
-        assert_eq!(
-            provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
-            1,
-            "{key}: charged once"
-        );
-    }
-    for series in [
-        "dedupq_dead_letters_total",
-        r#"dedupq_messages_total{outcome="failed"}"#,
-        "dedupq_handler_paused",
-    ] {
-        assert_eq!(run.dedupq.metric(series).await, 0.0, "{series}");
-    }
-    run.dedupq
-        .wait_ready(Duration::from_secs(20))
-        .await
-        .expect("ready again");
+    run.charged_once_after_the_pause(&store, &provider, N).await;
     run.dedupq.kill();
 }
