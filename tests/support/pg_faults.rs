@@ -1,11 +1,106 @@
 //! A PostgreSQL that misbehaves for one test only: a login role of its
 //! own, which the test turns read-only (as after a failover to a standby),
-//! gives a statement timeout, refuses new sessions, or cuts off. Other
-//! tests, on other roles, never notice.
+//! gives a statement timeout, refuses new sessions, or cuts off; or the
+//! test's schema on a disk that fills up. Other tests, on other roles and
+//! schemas, never notice.
 
+use super::small_disk::SmallDisk;
 use super::{database_url, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
 use sqlx::{Executor, PgPool};
+
+/// A fault of PostgreSQL's that a test begins while a charge's answer is
+/// on its way, and ends later.
+#[derive(Clone, Copy, Debug)]
+pub enum StoreFault {
+    /// Through the role dedupq logs in as.
+    Role(RoleFault),
+    /// The disk under the test's schema full (53100): every write that
+    /// needs a new page fails.
+    DiskFull,
+}
+
+/// Bytes of the answers a disk-full test's provider gives: more than a
+/// page, so that storing one needs pages the key table does not have yet.
+pub const LONG_ANSWER: usize = 16 * 1024;
+
+/// A [`StoreFault`] set up on one test's store.
+pub enum StagedFault {
+    Role(FaultyRole, RoleFault),
+    /// The disk, and the schema on it.
+    Disk(SmallDisk, String),
+}
+
+impl StagedFault {
+    /// Sets `fault` up for the (migrated) schema of `settings`. dedupq is
+    /// to use [`Self::store_settings`].
+    pub async fn stage(fault: StoreFault, settings: &StoreSettings) -> Self {
+        match fault {
+            StoreFault::Role(fault) => StagedFault::Role(FaultyRole::create().await, fault),
+            StoreFault::DiskFull => {
+                let schema = settings.schema.clone().expect("a schema of the test's own");
+                let disk = SmallDisk::mount(16).await;
+                disk.take(&schema).await;
+                StagedFault::Disk(disk, schema)
+            }
+        }
+    }
+
+    /// `settings` as dedupq is to use them: through the faulty role, if
+    /// the fault is the role's.
+    pub fn store_settings(&self, settings: &StoreSettings) -> StoreSettings {
+        match self {
+            StagedFault::Role(role, _) => role.store_settings(settings),
+            StagedFault::Disk(..) => settings.clone(),
+        }
+    }
+
+    pub async fn begin(&self) {
+        match self {
+            StagedFault::Role(role, fault) => role.begin(*fault).await,
+            StagedFault::Disk(disk, _) => disk.fill(),
+        }
+    }
+
+    /// The fault ends (for new sessions, if it is the role's).
+    pub async fn end(&self) {
+        match self {
+            StagedFault::Role(role, fault) => role.end(*fault).await,
+            StagedFault::Disk(disk, _) => disk.free(),
+        }
+    }
+
+    /// What `/readyz` names while the fault lasts.
+    pub fn named_as(&self) -> &'static [&'static str] {
+        match self {
+            StagedFault::Role(_, fault) => fault.named_as(),
+            StagedFault::Disk(..) => &["53100"],
+        }
+    }
+
+    /// The `class` label of `dedupq_store_errors_total` its errors get.
+    pub fn error_class(&self) -> &'static str {
+        match self {
+            StagedFault::Role(_, fault) => fault.error_class(),
+            StagedFault::Disk(..) => "53",
+        }
+    }
+
+    /// Whether a claim of a new key fails while the fault lasts. A claim
+    /// may still find room on the key table's last page when its disk is
+    /// full, and its payment then runs; only its outcome waits for room.
+    pub fn refuses_claims(&self) -> bool {
+        matches!(self, StagedFault::Role(..))
+    }
+
+    /// Drops the role, or the schema and the disk (after dedupq is gone).
+    pub async fn remove(self) {
+        match self {
+            StagedFault::Role(role, _) => role.drop().await,
+            StagedFault::Disk(disk, schema) => disk.remove(&schema).await,
+        }
+    }
+}
 
 /// A fault that takes every session of a [`FaultyRole`] away at once.
 #[derive(Clone, Copy, Debug)]

@@ -5,10 +5,11 @@
 //! or acked before that; a payment arriving meanwhile waits and runs once.
 
 use super::common::{
-    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, TENANT,
+    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, stored_whole,
+    TENANT,
 };
 use crate::support::isolated_store;
-use crate::support::pg_faults::{FaultyRole, RoleFault};
+use crate::support::pg_faults::{FaultyRole, RoleFault, StoreFault};
 use crate::support::process::metric_value;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
 
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;
-    // The charge is made; its answer comes in 2 s, to a server that lets
+    // The charge is made; its answer comes in 1 s, to a server that lets
     // none of dedupq's sessions in.
     role.refuse_new_sessions().await;
     // The pool only says it timed out; /readyz says why.
@@ -51,6 +52,10 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
     role.accept_sessions_again().await;
     run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
         .await;
+    for k in ["pay-0", "pay-1"] {
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        stored_whole(&store, k, &charges[0]).await;
+    }
     run.dedupq.kill();
     role.drop().await;
 }
@@ -58,5 +63,5 @@ async fn kafka_a_charge_answered_while_postgres_refuses_connections_is_stored_af
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_a_charge_answered_while_postgres_refuses_connections_is_stored_afterwards_and_only_then_acked(
 ) {
-    amqp_charge_answered_during(RoleFault::NoConnections, REFUSED_FOR).await;
+    amqp_charge_answered_during(StoreFault::Role(RoleFault::NoConnections), REFUSED_FOR).await;
 }

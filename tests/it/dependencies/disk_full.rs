@@ -1,22 +1,21 @@
 //! PostgreSQL's disk fills up (SQLSTATE 53100) after the provider charged
 //! and before the outcome, a long answer that needs new pages, is stored.
 //! The answer is kept and stored, whole, once there is room again; nothing
-//! is committed or dead-lettered before that; a payment arriving meanwhile
-//! is charged at most once.
+//! is committed, acked or dead-lettered before that; a payment arriving
+//! meanwhile is charged at most once.
 
-use super::common::{charged, not_ready_naming, nothing_given_up, KafkaRun, TENANT};
+use super::common::{
+    amqp_charge_answered_during, answers_in_1s, charged, not_ready_naming, nothing_given_up,
+    stored_whole, KafkaRun, TENANT,
+};
 use crate::support::isolated_store;
+use crate::support::pg_faults::StoreFault;
 use crate::support::process::{base_config, metric_value, Provider};
 use crate::support::small_disk::SmallDisk;
-use dedupq_provider::Knobs;
 use std::time::Duration;
 
 /// Longer than the test's lease (3 s): the lease must survive it.
 const FULL_FOR: Duration = Duration::from_secs(10);
-
-/// Bytes of each answer's receipt: more than a page, so that storing it
-/// needs pages the key table does not have yet.
-const RECEIPT: usize = 16 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_a_charge_answered_while_postgres_disk_is_full_is_stored_whole_afterwards_and_only_then_committed(
@@ -25,12 +24,7 @@ async fn kafka_a_charge_answered_while_postgres_disk_is_full_is_stored_whole_aft
     let schema = store_settings.schema.clone().expect("a schema");
     let disk = SmallDisk::mount(16).await;
     disk.take(&schema).await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(1),
-        answer_padding: RECEIPT,
-        ..Knobs::default()
-    })
-    .await;
+    let provider = Provider::start(answers_in_1s()).await;
     let base = base_config(&store_settings, &provider);
     let mut run = KafkaRun::start("diskfull", 1, &base).await;
 
@@ -53,29 +47,15 @@ async fn kafka_a_charge_answered_while_postgres_disk_is_full_is_stored_whole_aft
         .await;
     for k in ["pay-0", "pay-1"] {
         let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        let (result, body): (i32, Vec<u8>) = sqlx::query_as(
-            "SELECT result_status, result_body FROM dedupq_keys WHERE tenant = $1 AND key = $2",
-        )
-        .bind(TENANT)
-        .bind(k)
-        .fetch_one(store.pool())
-        .await
-        .expect("the stored outcome");
-        assert_eq!(result, 201, "{k}");
-        let answer: serde_json::Value =
-            serde_json::from_slice(&body).expect("the stored answer is the provider's JSON");
-        assert_eq!(
-            answer["id"],
-            format!("ch_{}", charges[0].id),
-            "{k}: the charge made"
-        );
-        assert_eq!(
-            answer["receipt"].as_str().map(str::len),
-            Some(RECEIPT),
-            "{k}: the answer stored whole"
-        );
+        stored_whole(&store, k, &charges[0]).await;
     }
     run.dedupq.kill();
     drop(store);
     disk.remove(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_charge_answered_while_postgres_disk_is_full_is_stored_whole_afterwards_and_only_then_acked(
+) {
+    amqp_charge_answered_during(StoreFault::DiskFull, FULL_FOR).await;
 }

@@ -5,10 +5,11 @@
 //! once; /readyz says why it is not ready.
 
 use super::common::{
-    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, TENANT,
+    amqp_charge_answered_during, charged, not_ready_naming, nothing_given_up, run_as, stored_whole,
+    TENANT,
 };
 use crate::support::isolated_store;
-use crate::support::pg_faults::{FaultyRole, RoleFault};
+use crate::support::pg_faults::{FaultyRole, RoleFault, StoreFault};
 use crate::support::process::{metric_value, Dedupq, Provider};
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
 
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;
-    // The charge is made; its answer comes in 2 s, to a read-only server.
+    // The charge is made; its answer comes in 1 s, to a read-only server.
     role.fail_over_to_read_only().await;
     not_ready_naming(&run.dedupq, &["25006"]).await;
     run.pay(0, TENANT, "pay-1", 1).await;
@@ -50,6 +51,10 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
     role.writable_again().await;
     run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
         .await;
+    for k in ["pay-0", "pay-1"] {
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        stored_whole(&store, k, &charges[0]).await;
+    }
     run.dedupq.kill();
     role.drop().await;
 }
@@ -57,5 +62,5 @@ async fn kafka_a_charge_answered_while_postgres_is_read_only_is_stored_afterward
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_a_charge_answered_while_postgres_is_read_only_is_stored_afterwards_and_only_then_acked(
 ) {
-    amqp_charge_answered_during(RoleFault::ReadOnly, READ_ONLY_FOR).await;
+    amqp_charge_answered_during(StoreFault::Role(RoleFault::ReadOnly), READ_ONLY_FOR).await;
 }
