@@ -86,6 +86,14 @@ impl StagedFault {
         }
     }
 
+    /// Asserts that the fault still holds where dedupq could have undone
+    /// it: no session of a role kept out was let in.
+    pub async fn still_holds(&self) {
+        if let StagedFault::Role(role, RoleFault::NoConnections) = self {
+            assert_eq!(role.sessions().await, 0, "no session of the role let in");
+        }
+    }
+
     /// Whether a claim of a new key fails while the fault lasts. A claim
     /// may still find room on the key table's last page when its disk is
     /// full, and its payment then runs; only its outcome waits for room.

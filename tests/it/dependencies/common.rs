@@ -322,21 +322,7 @@ pub async fn amqp_charge_answered_during(fault: StoreFault, for_: Duration) {
         "both deliveries still held, neither acked (ready {}, unacked {})",
         info["messages_ready"], info["messages_unacknowledged"]
     );
-    let metrics = nothing_given_up(&dedupq).await;
-    let class = format!(
-        r#"dedupq_store_errors_total{{class="{}"}}"#,
-        fault.error_class()
-    );
-    assert!(metric_value(&metrics, &class) > 0.0, "{class} counted");
-    let meanwhile = provider.charges_for(&format!("{TENANT}:pay-1")).await;
-    if fault.refuses_claims() {
-        assert!(
-            meanwhile.is_empty(),
-            "the payment that arrived meanwhile is not run before it can be claimed"
-        );
-    } else {
-        assert!(meanwhile.len() <= 1, "pay-1 charged at most once");
-    }
+    nothing_given_up_during(&dedupq, &provider, &fault).await;
     assert!(
         client.drain(&settings.dead_letter_queue).await.is_empty(),
         "nothing in the dead-letter queue"
@@ -362,6 +348,58 @@ pub async fn amqp_charge_answered_during(fault: StoreFault, for_: Duration) {
     client.cleanup(&settings).await;
     drop(store);
     fault.remove().await;
+}
+
+/// The Kafka side of [`amqp_charge_answered_during`]: nothing committed
+/// (instead of acked) until each outcome is stored.
+pub async fn kafka_charge_answered_during(fault: StoreFault, for_: Duration) {
+    let (store, store_settings) = crate::support::isolated_store().await;
+    let fault = StagedFault::stage(fault, &store_settings).await;
+    let provider = Provider::start(answers_in_1s()).await;
+    let base = base_config(&fault.store_settings(&store_settings), &provider);
+    let mut run = KafkaRun::start("storefault", 1, &base).await;
+
+    run.pay(0, TENANT, "pay-0", 0).await;
+    charged(&provider, 1).await;
+    fault.begin().await;
+    not_ready_naming(&run.dedupq, fault.named_as()).await;
+    run.pay(0, TENANT, "pay-1", 1).await;
+
+    run.held_uncommitted(&store, "pay-0", for_).await;
+    nothing_given_up_during(&run.dedupq, &provider, &fault).await;
+
+    fault.end().await;
+    run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
+        .await;
+    for k in ["pay-0", "pay-1"] {
+        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
+        stored_whole(&store, k, &charges[0]).await;
+    }
+    run.dedupq.kill();
+    drop(store);
+    fault.remove().await;
+}
+
+/// While `fault` lasts: nothing given up, its errors counted under their
+/// class, and the payment that arrived meanwhile (pay-1) not run if the
+/// fault refuses claims, else run at most once.
+async fn nothing_given_up_during(dedupq: &Dedupq, provider: &Provider, fault: &StagedFault) {
+    let metrics = nothing_given_up(dedupq).await;
+    let class = format!(
+        r#"dedupq_store_errors_total{{class="{}"}}"#,
+        fault.error_class()
+    );
+    assert!(metric_value(&metrics, &class) > 0.0, "{class} counted");
+    let meanwhile = provider.charges_for(&format!("{TENANT}:pay-1")).await;
+    if fault.refuses_claims() {
+        assert!(
+            meanwhile.is_empty(),
+            "the payment that arrived meanwhile is not run before it can be claimed"
+        );
+    } else {
+        assert!(meanwhile.len() <= 1, "pay-1 charged at most once");
+    }
+    fault.still_holds().await;
 }
 
 /// The outcome stored for `key` is the provider's answer to `charge`
