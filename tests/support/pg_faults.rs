@@ -18,6 +18,8 @@ pub enum StoreFault {
     /// The disk under the test's schema full (53100): every write that
     /// needs a new page fails.
     DiskFull,
+    /// The key table locked from another session ([`TableLock`]).
+    TableLocked,
 }
 
 /// Bytes of the answers a disk-full test's provider gives: more than a
@@ -29,6 +31,7 @@ pub enum StagedFault {
     Role(FaultyRole, RoleFault),
     /// The disk, and the schema on it.
     Disk(SmallDisk, String),
+    Table(TableLock),
 }
 
 impl StagedFault {
@@ -43,6 +46,13 @@ impl StagedFault {
                 disk.take(&schema).await;
                 StagedFault::Disk(disk, schema)
             }
+            StoreFault::TableLocked => {
+                let schema = settings
+                    .schema
+                    .as_deref()
+                    .expect("a schema of the test's own");
+                StagedFault::Table(TableLock::new(schema).await)
+            }
         }
     }
 
@@ -51,7 +61,7 @@ impl StagedFault {
     pub fn store_settings(&self, settings: &StoreSettings) -> StoreSettings {
         match self {
             StagedFault::Role(role, _) => role.store_settings(settings),
-            StagedFault::Disk(..) => settings.clone(),
+            StagedFault::Disk(..) | StagedFault::Table(_) => settings.clone(),
         }
     }
 
@@ -59,6 +69,7 @@ impl StagedFault {
         match self {
             StagedFault::Role(role, fault) => role.begin(*fault).await,
             StagedFault::Disk(disk, _) => disk.fill(),
+            StagedFault::Table(lock) => lock.take().await,
         }
     }
 
@@ -67,23 +78,31 @@ impl StagedFault {
         match self {
             StagedFault::Role(role, fault) => role.end(*fault).await,
             StagedFault::Disk(disk, _) => disk.free(),
+            StagedFault::Table(lock) => lock.release().await,
         }
     }
 
-    /// What `/readyz` names while the fault lasts.
-    pub fn named_as(&self) -> &'static [&'static str] {
+    /// What `/readyz` names while the fault lasts; None: it stays ready
+    /// (a lock is no outage: each key waits for its row, as for a row
+    /// lock, and the waits are counted).
+    pub fn named_as(&self) -> Option<&'static [&'static str]> {
         match self {
-            StagedFault::Role(_, fault) => fault.named_as(),
-            StagedFault::Disk(..) => &["53100"],
+            StagedFault::Role(_, fault) => Some(fault.named_as()),
+            StagedFault::Disk(..) => Some(&["53100"]),
+            StagedFault::Table(_) => None,
         }
     }
 
-    /// The `class` label of `dedupq_store_errors_total` its errors get.
-    pub fn error_class(&self) -> &'static str {
-        match self {
+    /// The metric (name and labels) that counts the fault's failed
+    /// statements: `dedupq_store_errors_total` by SQLSTATE class; lock
+    /// waits as the claims they leave behind.
+    pub fn counted_as(&self) -> String {
+        let class = match self {
             StagedFault::Role(_, fault) => fault.error_class(),
             StagedFault::Disk(..) => "53",
-        }
+            StagedFault::Table(_) => return r#"dedupq_claims_total{result="locked"}"#.into(),
+        };
+        format!(r#"dedupq_store_errors_total{{class="{class}"}}"#)
     }
 
     /// Asserts that the fault still holds where dedupq could have undone
@@ -98,7 +117,7 @@ impl StagedFault {
     /// may still find room on the key table's last page when its disk is
     /// full, and its payment then runs; only its outcome waits for room.
     pub fn refuses_claims(&self) -> bool {
-        matches!(self, StagedFault::Role(..))
+        matches!(self, StagedFault::Role(..) | StagedFault::Table(_))
     }
 
     /// Drops the role, or the schema and the disk (after dedupq is gone).
@@ -106,6 +125,7 @@ impl StagedFault {
         match self {
             StagedFault::Role(role, _) => role.drop().await,
             StagedFault::Disk(disk, schema) => disk.remove(&schema).await,
+            StagedFault::Table(lock) => lock.release().await,
         }
     }
 }
@@ -274,6 +294,39 @@ impl FaultyRole {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The key table locked from another session, as a `CREATE INDEX` without
+/// `CONCURRENTLY` run in psql holds it (`SHARE`, on every partition):
+/// every write waits; reads go on (so the test can watch the rows).
+pub struct TableLock {
+    pool: PgPool,
+    table: String,
+    tx: tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Postgres>>>,
+}
+
+impl TableLock {
+    pub async fn new(schema: &str) -> Self {
+        Self {
+            pool: PgPool::connect(&database_url()).await.expect("lock pool"),
+            table: format!("\"{schema}\".dedupq_keys"),
+            tx: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Takes the lock (once the transactions that hold the table end).
+    pub async fn take(&self) {
+        let mut tx = self.pool.begin().await.expect("begin");
+        let sql = format!("LOCK TABLE {} IN SHARE MODE", self.table);
+        tx.execute(sql.as_str()).await.expect("lock the key table");
+        *self.tx.lock().await = Some(tx);
+    }
+
+    pub async fn release(&self) {
+        if let Some(tx) = self.tx.lock().await.take() {
+            tx.rollback().await.expect("release the table lock");
         }
     }
 }

@@ -300,7 +300,7 @@ pub async fn amqp_charge_answered_during(fault: StoreFault, for_: Duration) {
         .await;
     charged(&provider, 1).await;
     fault.begin().await;
-    not_ready_naming(&dedupq, fault.named_as()).await;
+    readiness_during(&dedupq, &fault).await;
     client
         .publish(&queue, &amqp::Msg::new(TENANT, "pay-1", &body(1)))
         .await;
@@ -362,7 +362,7 @@ pub async fn kafka_charge_answered_during(fault: StoreFault, for_: Duration) {
     run.pay(0, TENANT, "pay-0", 0).await;
     charged(&provider, 1).await;
     fault.begin().await;
-    not_ready_naming(&run.dedupq, fault.named_as()).await;
+    readiness_during(&run.dedupq, &fault).await;
     run.pay(0, TENANT, "pay-1", 1).await;
 
     run.held_uncommitted(&store, "pay-0", for_).await;
@@ -380,16 +380,25 @@ pub async fn kafka_charge_answered_during(fault: StoreFault, for_: Duration) {
     fault.remove().await;
 }
 
-/// While `fault` lasts: nothing given up, its errors counted under their
-/// class, and the payment that arrived meanwhile (pay-1) not run if the
+/// Once `fault` has begun: /readyz names it, or says ready if the fault
+/// is not one it reports.
+async fn readiness_during(dedupq: &Dedupq, fault: &StagedFault) {
+    match fault.named_as() {
+        Some(words) => not_ready_naming(dedupq, words).await,
+        None => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(dedupq.readyz().await.0, "still ready");
+        }
+    }
+}
+
+/// While `fault` lasts: nothing given up, its failed statements counted,
+/// and the payment that arrived meanwhile (pay-1) not run if the
 /// fault refuses claims, else run at most once.
 async fn nothing_given_up_during(dedupq: &Dedupq, provider: &Provider, fault: &StagedFault) {
     let metrics = nothing_given_up(dedupq).await;
-    let class = format!(
-        r#"dedupq_store_errors_total{{class="{}"}}"#,
-        fault.error_class()
-    );
-    assert!(metric_value(&metrics, &class) > 0.0, "{class} counted");
+    let counter = fault.counted_as();
+    assert!(metric_value(&metrics, &counter) > 0.0, "{counter} counted");
     let meanwhile = provider.charges_for(&format!("{TENANT}:pay-1")).await;
     if fault.refuses_claims() {
         assert!(

@@ -1,12 +1,16 @@
 //! A row locked from another session (an operator's `SELECT … FOR UPDATE`
-//! in psql), alone and with a statement timeout on dedupq's role. dedupq's
-//! own `store.lock_timeout` bounds every wait: the locked key waits, its
+//! in psql), alone and with a statement timeout on dedupq's role, and the
+//! whole key table locked for writes (`CREATE INDEX` in psql). dedupq's
+//! own `store.lock_timeout` bounds every wait: a locked key waits, its
 //! batch and partition go on, and a charged payment's answer is stored
 //! once the lock is gone — never dead-lettered.
 
-use super::common::{charged, run_as, status, stored_whole, KafkaRun, TENANT};
+use super::common::{
+    amqp_charge_answered_during, charged, kafka_charge_answered_during, run_as, status,
+    stored_whole, KafkaRun, TENANT,
+};
 use crate::support::kafka;
-use crate::support::pg_faults::{FaultyRole, RowLock};
+use crate::support::pg_faults::{FaultyRole, RowLock, StoreFault};
 use crate::support::process::{base_config, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
@@ -118,4 +122,19 @@ async fn kafka_a_row_locked_from_psql_holds_back_its_own_key_and_never_its_batch
         "one charge per payment"
     );
     run.dedupq.kill();
+}
+
+/// Longer than the test's lease (3 s): the lease must survive it.
+const TABLE_LOCKED_FOR: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_charge_answered_while_the_key_table_is_locked_from_psql_is_stored_afterwards_and_only_then_committed(
+) {
+    kafka_charge_answered_during(StoreFault::TableLocked, TABLE_LOCKED_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_charge_answered_while_the_key_table_is_locked_from_psql_is_stored_afterwards_and_only_then_acked(
+) {
+    amqp_charge_answered_during(StoreFault::TableLocked, TABLE_LOCKED_FOR).await;
 }
