@@ -1,8 +1,9 @@
 //! PostgreSQL fails over to read-only, lets none of dedupq's sessions in,
-//! or runs out of disk, while a sync request's charge is on its way: the
-//! request is not answered as done nor as failed before its outcome is
-//! stored; new requests meanwhile are refused with 503 and Retry-After
-//! (nothing run), or, when a claim still finds room on a full disk, run
+//! runs out of disk, or has its key table locked for writes from psql,
+//! while a sync request's charge is on its way: the request is not
+//! answered as done nor as failed before its outcome is stored; new
+//! requests meanwhile are refused with 503 (409 while they wait for the
+//! lock) and Retry-After (nothing run), or, when a claim still finds room on a full disk, run
 //! at most once and not answered as stored before they are; once
 //! PostgreSQL takes writes again, the retry gets the one stored charge.
 
@@ -34,7 +35,7 @@ async fn a_sync_request_charged_while_postgres_disk_fills_up_is_stored_whole_aft
     charged_during(StoreFault::DiskFull).await;
 }
 
-async fn charged_during(fault: StoreFault) {
+async fn charged_during(kind: StoreFault) {
     // Answers longer than a page (storing one needs a new page), 1 s after
     // the charge: within the handler's timeout, and before a lease that no
     // renewal keeps is cut (2 s after the claim).
@@ -45,7 +46,7 @@ async fn charged_during(fault: StoreFault) {
     })
     .await;
     let (_, store) = isolated_store().await;
-    let fault = StagedFault::stage(fault, &store).await;
+    let fault = StagedFault::stage(kind, &store).await;
     let mut s = settings(&fault.store_settings(&store), &provider, &scratch());
     s.handler.timeout = Duration::from_millis(2500);
     s.api.request_timeout = Duration::from_secs(6);
@@ -78,7 +79,13 @@ async fn charged_during(fault: StoreFault) {
     );
     let new = app.pay("pay-new", OTHER).await;
     if fault.refuses_claims() {
-        assert_eq!(new.status, 503, "{new:?}");
+        // A claim that waits for the locked table cannot be told from one
+        // that waits for another request's claim of the same key: 409.
+        let refused = match kind {
+            StoreFault::TableLocked => 409,
+            _ => 503,
+        };
+        assert_eq!(new.status, refused, "{new:?}");
         assert!(new.retry_after() >= 1);
         assert_eq!(
             provider.stats().await.charges,
@@ -132,4 +139,9 @@ async fn charged_during(fault: StoreFault) {
     }
     app.stop().await;
     fault.remove().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sync_request_charged_while_the_key_table_is_locked_from_psql_is_stored_afterwards() {
+    charged_during(StoreFault::TableLocked).await;
 }
