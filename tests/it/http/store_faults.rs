@@ -3,9 +3,10 @@
 //! while a sync request's charge is on its way: the request is not
 //! answered as done nor as failed before its outcome is stored; new
 //! requests meanwhile are refused with 503 (409 while they wait for the
-//! lock) and Retry-After (nothing run), or, when a claim still finds room on a full disk, run
-//! at most once and not answered as stored before they are; once
-//! PostgreSQL takes writes again, the retry gets the one stored charge.
+//! lock) and Retry-After (nothing run), or, when a claim still finds room
+//! on a full disk, run at most once and not answered as stored before
+//! they are; once PostgreSQL takes writes again, the retry gets the one
+//! stored charge.
 
 use super::harness::{scratch, settings, App};
 use crate::support::pg_faults::{RoleFault, StagedFault, StoreFault, LONG_ANSWER};
