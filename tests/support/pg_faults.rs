@@ -18,8 +18,14 @@ pub enum StoreFault {
     /// The disk under the test's schema full (53100): every write that
     /// needs a new page fails.
     DiskFull,
-    /// The key table locked from another session ([`TableLock`]).
-    TableLocked,
+    /// The key table locked for writes from another session, as a
+    /// `CREATE INDEX` without `CONCURRENTLY` holds it (`SHARE`): writes
+    /// wait, reads go on.
+    TableLockedForWrites,
+    /// The key table locked from another session as `VACUUM FULL`,
+    /// `CLUSTER` or most `ALTER TABLE`s hold it (`ACCESS EXCLUSIVE`):
+    /// reads wait too.
+    TableLockedExclusively,
 }
 
 /// Bytes of the answers a disk-full test's provider gives: more than a
@@ -46,12 +52,13 @@ impl StagedFault {
                 disk.take(&schema).await;
                 StagedFault::Disk(disk, schema)
             }
-            StoreFault::TableLocked => {
+            StoreFault::TableLockedForWrites | StoreFault::TableLockedExclusively => {
                 let schema = settings
                     .schema
                     .as_deref()
                     .expect("a schema of the test's own");
-                StagedFault::Table(TableLock::new(schema).await)
+                let exclusive = matches!(fault, StoreFault::TableLockedExclusively);
+                StagedFault::Table(TableLock::new(schema, exclusive).await)
             }
         }
     }
@@ -89,6 +96,8 @@ impl StagedFault {
         match self {
             StagedFault::Role(_, fault) => Some(fault.named_as()),
             StagedFault::Disk(..) => Some(&["53100"]),
+            // Reads wait as well: the rows held cannot be looked for.
+            StagedFault::Table(lock) if lock.exclusive => Some(&["55P03"]),
             StagedFault::Table(_) => None,
         }
     }
@@ -100,6 +109,7 @@ impl StagedFault {
         let class = match self {
             StagedFault::Role(_, fault) => fault.error_class(),
             StagedFault::Disk(..) => "53",
+            StagedFault::Table(lock) if lock.exclusive => "55",
             StagedFault::Table(_) => return r#"dedupq_claims_total{result="locked"}"#.into(),
         };
         format!(r#"dedupq_store_errors_total{{class="{class}"}}"#)
@@ -118,6 +128,18 @@ impl StagedFault {
     /// full, and its payment then runs; only its outcome waits for room.
     pub fn refuses_claims(&self) -> bool {
         matches!(self, StagedFault::Role(..) | StagedFault::Table(_))
+    }
+
+    /// `key`'s status, read by the test while the fault lasts: through the
+    /// session that holds an exclusive table lock (no other can read the
+    /// table), else as usual.
+    pub async fn status(&self, store: &PgPool, tenant: &str, key: &str) -> Option<String> {
+        if let StagedFault::Table(lock) = self {
+            if let Some(tx) = lock.tx.lock().await.as_mut() {
+                return read_status(&mut **tx, tenant, key).await;
+            }
+        }
+        read_status(store, tenant, key).await
     }
 
     /// Drops the role, or the schema and the disk (after dedupq is gone).
@@ -298,20 +320,37 @@ impl FaultyRole {
     }
 }
 
-/// The key table locked from another session, as a `CREATE INDEX` without
-/// `CONCURRENTLY` run in psql holds it (`SHARE`, on every partition):
-/// every write waits; reads go on (so the test can watch the rows).
+/// A key's status (None: no row), read through `db`.
+async fn read_status<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::Postgres>,
+    tenant: &str,
+    key: &str,
+) -> Option<String> {
+    sqlx::query_scalar("SELECT status FROM dedupq_keys WHERE tenant = $1 AND key = $2")
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(db)
+        .await
+        .expect("read the key's status")
+}
+
+/// The key table locked from another session (on every partition), as
+/// psql would hold it: for writes (`SHARE`, as `CREATE INDEX` without
+/// `CONCURRENTLY`: reads go on), or exclusively (`ACCESS EXCLUSIVE`, as
+/// `VACUUM FULL` or `ALTER TABLE`: reads wait too).
 pub struct TableLock {
     pool: PgPool,
-    table: String,
+    schema: String,
+    exclusive: bool,
     tx: tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Postgres>>>,
 }
 
 impl TableLock {
-    pub async fn new(schema: &str) -> Self {
+    pub async fn new(schema: &str, exclusive: bool) -> Self {
         Self {
             pool: PgPool::connect(&database_url()).await.expect("lock pool"),
-            table: format!("\"{schema}\".dedupq_keys"),
+            schema: schema.to_string(),
+            exclusive,
             tx: tokio::sync::Mutex::new(None),
         }
     }
@@ -319,7 +358,17 @@ impl TableLock {
     /// Takes the lock (once the transactions that hold the table end).
     pub async fn take(&self) {
         let mut tx = self.pool.begin().await.expect("begin");
-        let sql = format!("LOCK TABLE {} IN SHARE MODE", self.table);
+        // The holder reads the schema's rows too (see StagedFault::status).
+        let search_path = format!("SET LOCAL search_path TO \"{}\"", self.schema);
+        tx.execute(search_path.as_str())
+            .await
+            .expect("set search_path");
+        let mode = if self.exclusive {
+            "ACCESS EXCLUSIVE"
+        } else {
+            "SHARE"
+        };
+        let sql = format!("LOCK TABLE dedupq_keys IN {mode} MODE");
         tx.execute(sql.as_str()).await.expect("lock the key table");
         *self.tx.lock().await = Some(tx);
     }

@@ -137,9 +137,16 @@ impl KafkaRun {
 }
 
 impl KafkaRun {
-    /// For `for_`, checks every half second that nothing is committed and
-    /// that `key`'s outcome is not stored: its answer is held in memory.
-    pub async fn held_uncommitted(&self, store: &Store, key: &str, for_: Duration) {
+    /// For `for_`, while `fault` lasts, checks every half second that
+    /// nothing is committed and that `key`'s outcome is not stored: its
+    /// answer is held in memory.
+    pub async fn held_uncommitted(
+        &self,
+        store: &Store,
+        fault: &StagedFault,
+        key: &str,
+        for_: Duration,
+    ) {
         let until = tokio::time::Instant::now() + for_;
         while tokio::time::Instant::now() < until {
             assert_eq!(
@@ -148,7 +155,7 @@ impl KafkaRun {
                 "nothing committed while the outcome is not stored"
             );
             assert_eq!(
-                status(store, key).await.as_deref(),
+                fault.status(store.pool(), TENANT, key).await.as_deref(),
                 Some("in_progress"),
                 "{key}: not stored yet"
             );
@@ -308,7 +315,7 @@ pub async fn amqp_charge_answered_during(fault: StoreFault, for_: Duration) {
     let until = tokio::time::Instant::now() + for_;
     while tokio::time::Instant::now() < until {
         assert_eq!(
-            status(&store, "pay-0").await.as_deref(),
+            fault.status(store.pool(), TENANT, "pay-0").await.as_deref(),
             Some("in_progress"),
             "claimed, its answer not stored yet"
         );
@@ -365,7 +372,7 @@ pub async fn kafka_charge_answered_during(fault: StoreFault, for_: Duration) {
     readiness_during(&run.dedupq, &fault).await;
     run.pay(0, TENANT, "pay-1", 1).await;
 
-    run.held_uncommitted(&store, "pay-0", for_).await;
+    run.held_uncommitted(&store, &fault, "pay-0", for_).await;
     nothing_given_up_during(&run.dedupq, &provider, &fault).await;
 
     fault.end().await;

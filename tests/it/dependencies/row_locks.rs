@@ -1,6 +1,7 @@
 //! A row locked from another session (an operator's `SELECT … FOR UPDATE`
 //! in psql), alone and with a statement timeout on dedupq's role, and the
-//! whole key table locked for writes (`CREATE INDEX` in psql). dedupq's
+//! whole key table locked, for writes (`CREATE INDEX` in psql) or
+//! exclusively (`VACUUM FULL`, `ALTER TABLE`). dedupq's
 //! own `store.lock_timeout` bounds every wait: a locked key waits, its
 //! batch and partition go on, and a charged payment's answer is stored
 //! once the lock is gone — never dead-lettered.
@@ -128,13 +129,25 @@ async fn kafka_a_row_locked_from_psql_holds_back_its_own_key_and_never_its_batch
 const TABLE_LOCKED_FOR: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kafka_a_charge_answered_while_the_key_table_is_locked_from_psql_is_stored_afterwards_and_only_then_committed(
+async fn kafka_a_charge_answered_while_the_key_table_is_locked_for_writes_from_psql_is_stored_afterwards_and_only_then_committed(
 ) {
-    kafka_charge_answered_during(StoreFault::TableLocked, TABLE_LOCKED_FOR).await;
+    kafka_charge_answered_during(StoreFault::TableLockedForWrites, TABLE_LOCKED_FOR).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn amqp_a_charge_answered_while_the_key_table_is_locked_from_psql_is_stored_afterwards_and_only_then_acked(
+async fn amqp_a_charge_answered_while_the_key_table_is_locked_for_writes_from_psql_is_stored_afterwards_and_only_then_acked(
 ) {
-    amqp_charge_answered_during(StoreFault::TableLocked, TABLE_LOCKED_FOR).await;
+    amqp_charge_answered_during(StoreFault::TableLockedForWrites, TABLE_LOCKED_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_charge_answered_while_the_key_table_is_locked_exclusively_from_psql_is_stored_afterwards_and_only_then_committed(
+) {
+    kafka_charge_answered_during(StoreFault::TableLockedExclusively, TABLE_LOCKED_FOR).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_charge_answered_while_the_key_table_is_locked_exclusively_from_psql_is_stored_afterwards_and_only_then_acked(
+) {
+    amqp_charge_answered_during(StoreFault::TableLockedExclusively, TABLE_LOCKED_FOR).await;
 }

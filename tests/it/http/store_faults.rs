@@ -2,8 +2,8 @@
 //! runs out of disk, or has its key table locked for writes from psql,
 //! while a sync request's charge is on its way: the request is not
 //! answered as done nor as failed before its outcome is stored; new
-//! requests meanwhile are refused with 503 (409 while they wait for the
-//! lock) and Retry-After (nothing run), or, when a claim still finds room
+//! requests meanwhile are refused with 503 (409 while they wait for a
+//! lock that lets reads through) and Retry-After (nothing run), or, when a claim still finds room
 //! on a full disk, run at most once and not answered as stored before
 //! they are; once PostgreSQL takes writes again, the retry gets the one
 //! stored charge.
@@ -83,7 +83,7 @@ async fn charged_during(kind: StoreFault) {
         // A claim that waits for the locked table cannot be told from one
         // that waits for another request's claim of the same key: 409.
         let refused = match kind {
-            StoreFault::TableLocked => 409,
+            StoreFault::TableLockedForWrites => 409,
             _ => 503,
         };
         assert_eq!(new.status, refused, "{new:?}");
@@ -143,6 +143,13 @@ async fn charged_during(kind: StoreFault) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_sync_request_charged_while_the_key_table_is_locked_from_psql_is_stored_afterwards() {
-    charged_during(StoreFault::TableLocked).await;
+async fn a_sync_request_charged_while_the_key_table_is_locked_for_writes_from_psql_is_stored_afterwards(
+) {
+    charged_during(StoreFault::TableLockedForWrites).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sync_request_charged_while_the_key_table_is_locked_exclusively_from_psql_is_stored_afterwards_and_new_ones_get_503(
+) {
+    charged_during(StoreFault::TableLockedExclusively).await;
 }
