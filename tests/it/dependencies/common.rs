@@ -102,41 +102,6 @@ pub async fn calls(dedupq: &Dedupq) -> f64 {
 }
 
 impl KafkaRun {
-    /// Once a provider that paused intake answers again: every message
-    /// committed, payments `pay-0` … `pay-{n-1}` stored `done` with one
-    /// charge each, nothing dead-lettered or stored failed, intake resumed
-    /// and the process ready.
-    pub async fn charged_once_after_the_pause(
-        &mut self,
-        store: &Store,
-        provider: &Provider,
-        n: usize,
-    ) {
-        self.wait_committed_to_end(Duration::from_secs(60)).await;
-        for k in 0..n {
-            let key = format!("pay-{k}");
-            assert_eq!(status(store, &key).await.as_deref(), Some("done"), "{key}");
-            assert_eq!(
-                provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
-                1,
-                "{key}: charged once"
-            );
-        }
-        for series in [
-            "dedupq_dead_letters_total",
-            r#"dedupq_messages_total{outcome="failed"}"#,
-            "dedupq_handler_paused",
-        ] {
-            assert_eq!(self.dedupq.metric(series).await, 0.0, "{series}");
-        }
-        self.dedupq
-            .wait_ready(Duration::from_secs(20))
-            .await
-            .expect("ready again");
-    }
-}
-
-impl KafkaRun {
     /// For `for_`, while `fault` lasts, checks every half second that
     /// nothing is committed and that `key`'s outcome is not stored: its
     /// answer is held in memory.
@@ -442,4 +407,144 @@ pub async fn stored_whole(store: &Store, key: &str, charge: &dedupq_provider::Ch
         Some(LONG_ANSWER),
         "{key}: the answer stored whole"
     );
+}
+
+/// A `dedupq run` on a RabbitMQ quorum queue of its own.
+pub struct AmqpRun {
+    pub dedupq: Dedupq,
+    pub settings: AmqpSettings,
+    client: amqp::Client,
+}
+
+impl AmqpRun {
+    pub async fn start(base: &toml::Table) -> Self {
+        let (config, settings) = with_amqp(base);
+        let mut dedupq = Dedupq::start(&config).await;
+        dedupq
+            .wait_ready(Duration::from_secs(30))
+            .await
+            .expect("ready");
+        Self {
+            dedupq,
+            settings,
+            client: amqp::Client::connect().await,
+        }
+    }
+
+    /// Publishes payment `n` (its body) under `tenant`'s `key`.
+    pub async fn pay(&self, tenant: &str, key: &str, n: usize) {
+        let queue = &self.settings.queues[0];
+        self.client
+            .publish(queue, &amqp::Msg::new(tenant, key, &body(n)))
+            .await;
+    }
+
+    /// Deliveries in the queue, ready or unacked (the management API's
+    /// counts lag by up to 5 s).
+    pub async fn held(&self) -> serde_json::Value {
+        rabbit_management::queue_info(&self.settings.queues[0]).await["messages"].clone()
+    }
+
+    /// Waits until every delivery is acked; then nothing is dead-lettered.
+    pub async fn wait_acked(&self, limit: Duration) {
+        eventually(limit, "every delivery acked", || async {
+            (self.held().await == 0).then_some(())
+        })
+        .await;
+        assert!(
+            self.client
+                .drain(&self.settings.dead_letter_queue)
+                .await
+                .is_empty(),
+            "nothing in the dead-letter queue"
+        );
+    }
+
+    pub async fn stop(mut self) {
+        self.dedupq.kill();
+        self.client.cleanup(&self.settings).await;
+    }
+}
+
+/// A run on either transport, for the tests that hold on both.
+pub enum Run {
+    Kafka(KafkaRun),
+    Amqp(AmqpRun),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Transport {
+    Kafka,
+    Amqp,
+}
+
+impl Run {
+    /// A run of `base` (Kafka: on a topic of two partitions named after
+    /// `name`).
+    pub async fn start(transport: Transport, name: &str, base: &toml::Table) -> Self {
+        match transport {
+            Transport::Kafka => Run::Kafka(KafkaRun::start(name, 2, base).await),
+            Transport::Amqp => Run::Amqp(AmqpRun::start(base).await),
+        }
+    }
+
+    pub fn dedupq(&self) -> &Dedupq {
+        match self {
+            Run::Kafka(run) => &run.dedupq,
+            Run::Amqp(run) => &run.dedupq,
+        }
+    }
+
+    /// Sends payment `pay-{n}` (Kafka: to partition n % 2).
+    pub async fn pay(&self, n: usize) {
+        let key = format!("pay-{n}");
+        match self {
+            Run::Kafka(run) => run.pay((n % 2) as i32, TENANT, &key, n).await,
+            Run::Amqp(run) => run.pay(TENANT, &key, n).await,
+        }
+    }
+
+    /// Once a provider that paused intake answers again: every message
+    /// committed or acked, payments `pay-0` … `pay-{n-1}` stored `done`
+    /// with one charge each, nothing dead-lettered or stored failed,
+    /// intake resumed and the process ready.
+    pub async fn charged_once_after_the_pause(
+        &mut self,
+        store: &Store,
+        provider: &Provider,
+        n: usize,
+    ) {
+        match self {
+            Run::Kafka(run) => run.wait_committed_to_end(Duration::from_secs(60)).await,
+            Run::Amqp(run) => run.wait_acked(Duration::from_secs(60)).await,
+        }
+        let dedupq = self.dedupq();
+        for k in 0..n {
+            let key = format!("pay-{k}");
+            assert_eq!(status(store, &key).await.as_deref(), Some("done"), "{key}");
+            assert_eq!(
+                provider.charges_for(&format!("{TENANT}:{key}")).await.len(),
+                1,
+                "{key}: charged once"
+            );
+        }
+        for series in [
+            "dedupq_dead_letters_total",
+            r#"dedupq_messages_total{outcome="failed"}"#,
+            "dedupq_handler_paused",
+        ] {
+            assert_eq!(dedupq.metric(series).await, 0.0, "{series}");
+        }
+        eventually(Duration::from_secs(20), "ready again", || async {
+            dedupq.readyz().await.0.then_some(())
+        })
+        .await;
+    }
+
+    pub async fn stop(self) {
+        match self {
+            Run::Kafka(mut run) => run.dedupq.kill(),
+            Run::Amqp(run) => run.stop().await,
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! against `handler.retry_for`; nothing is stored failed or
 //! dead-lettered; once the limit is lifted, each payment is charged once.
 
-use super::common::{calls, set, KafkaRun, TENANT};
+use super::common::{calls, set, Run, Transport};
 use crate::support::process::{base_config, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
@@ -20,11 +20,22 @@ const RETRY_AFTER: u32 = 8;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_and_are_charged_once_after(
 ) {
+    payments_met_by_a_rate_limit(Transport::Kafka).await;
+}
+
+/// On RabbitMQ the deliveries are held unacked while intake waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_and_are_charged_once_after(
+) {
+    payments_met_by_a_rate_limit(Transport::Amqp).await;
+}
+
+async fn payments_met_by_a_rate_limit(transport: Transport) {
     let (store, store_settings) = isolated_store().await;
     let provider = Provider::start(Knobs::default()).await;
     let mut base = base_config(&store_settings, &provider);
     set(&mut base, "handler", "retry_for", "4s");
-    let mut run = KafkaRun::start("ratelimit", 2, &base).await;
+    let mut run = Run::start(transport, "ratelimit", &base).await;
 
     provider
         .set_knobs(json!({
@@ -35,14 +46,14 @@ async fn kafka_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_an
         .await;
     const N: usize = 10;
     for k in 0..N {
-        run.pay((k % 2) as i32, TENANT, &format!("pay-{k}"), k)
-            .await;
+        run.pay(k).await;
     }
+    let dedupq = run.dedupq();
     eventually(Duration::from_secs(20), "intake paused", || async {
-        (run.dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
+        (dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
     })
     .await;
-    let (ready, why) = run.dedupq.readyz().await;
+    let (ready, why) = dedupq.readyz().await;
     assert!(
         !ready && why.contains(&format!("retry after {RETRY_AFTER}s")),
         "{why}"
@@ -51,20 +62,20 @@ async fn kafka_payments_met_by_a_rate_limit_wait_as_long_as_the_provider_asks_an
     // then nothing, for as long as the provider asked (the window below
     // ends at most ~5.5 s after that first 429).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = calls(&run.dedupq).await;
+    let before = calls(dedupq).await;
     assert!(before >= 1.0);
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
-        calls(&run.dedupq).await,
+        calls(dedupq).await,
         before,
         "no request reaches the provider before its Retry-After is up"
     );
     assert_eq!(provider.stats().await.charges, 0);
-    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    assert_eq!(dedupq.metric("dedupq_dead_letters_total").await, 0.0);
 
     provider
         .set_knobs(json!({ "answer_status_rate": 0.0 }))
         .await;
     run.charged_once_after_the_pause(&store, &provider, N).await;
-    run.dedupq.kill();
+    run.stop().await;
 }
