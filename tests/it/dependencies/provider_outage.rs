@@ -74,11 +74,7 @@ async fn payments_during_an_outage(transport: Transport) {
         dead(dedupq.metrics().await)
     );
     if let Run::Amqp(amqp) = &run {
-        // The management API's counts lag by 5 s or more.
-        eventually(Duration::from_secs(15), "every delivery held", || async {
-            (amqp.held().await == N).then_some(())
-        })
-        .await;
+        amqp.holds(N).await;
     }
 
     provider.set_knobs(json!({ "fail_rate": 0.0 })).await;
