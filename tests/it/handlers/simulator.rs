@@ -20,8 +20,10 @@ async fn post(
 
 #[tokio::test]
 async fn the_simulator_replays_a_key_refuses_a_changed_body_and_reports_a_running_key() {
+    // Long enough for the repeat to arrive while the first runs, on a busy
+    // machine too.
     let provider = Provider::start(Knobs {
-        latency: Duration::from_millis(400),
+        latency: Duration::from_secs(2),
         ..Knobs::default()
     })
     .await;
@@ -29,7 +31,11 @@ async fn the_simulator_replays_a_key_refuses_a_changed_body_and_reports_a_runnin
     let body = json!({"amount": 1, "currency": "EUR"});
 
     let (first, concurrent) = tokio::join!(post(&client, &provider, "t:k1", body.clone()), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Once the first is running (its charge recorded, its answer due).
+        crate::support::eventually(Duration::from_secs(10), "the first charge", || async {
+            (!provider.charges_for("t:k1").await.is_empty()).then_some(())
+        })
+        .await;
         post(&client, &provider, "t:k1", body.clone()).await
     });
     assert_eq!(first.status(), 201);
