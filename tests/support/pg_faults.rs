@@ -1,8 +1,9 @@
 //! A PostgreSQL that misbehaves for one test only: a login role of its
 //! own, which the test turns read-only (as after a failover to a standby),
-//! gives a statement timeout, refuses new sessions, or cuts off; or the
-//! test's schema on a disk that fills up. Other tests, on other roles and
-//! schemas, never notice.
+//! gives a statement timeout, refuses new sessions, or cuts off; the
+//! test's schema on a disk that fills up; its key table or one of its rows
+//! locked from another session. Other tests, on other roles and schemas,
+//! never notice.
 
 use super::small_disk::SmallDisk;
 use super::{database_url, unique};
@@ -28,8 +29,9 @@ pub enum StoreFault {
     TableLockedExclusively,
 }
 
-/// Bytes of the answers a disk-full test's provider gives: more than a
-/// page, so that storing one needs pages the key table does not have yet.
+/// Bytes of the answers the fault tests' provider gives: more than a page,
+/// so that storing one needs pages the key table does not have yet (and a
+/// test can tell the answer was stored whole).
 pub const LONG_ANSWER: usize = 16 * 1024;
 
 /// A [`StoreFault`] set up on one test's store.
