@@ -323,7 +323,7 @@ impl FaultyRole {
 }
 
 /// A key's status (None: no row), read through `db`.
-async fn read_status<'c>(
+pub async fn read_status<'c>(
     db: impl sqlx::Executor<'c, Database = sqlx::Postgres>,
     tenant: &str,
     key: &str,

@@ -3,7 +3,7 @@
 //! table and the provider.
 
 use crate::support::kafka::{self, headers, produce};
-use crate::support::pg_faults::{FaultyRole, StagedFault, StoreFault, LONG_ANSWER};
+use crate::support::pg_faults::{read_status, FaultyRole, StagedFault, StoreFault, LONG_ANSWER};
 use crate::support::process::{base_config, metric_value, Dedupq, Provider};
 use crate::support::{amqp, rabbit_management};
 use crate::support::{eventually, unique};
@@ -224,12 +224,7 @@ pub fn with_amqp(base: &toml::Table) -> (toml::Table, AmqpSettings) {
 
 /// The key's status, or None if it has no row.
 pub async fn status(store: &Store, key: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM dedupq_keys WHERE tenant = $1 AND key = $2")
-        .bind(TENANT)
-        .bind(key)
-        .fetch_optional(store.pool())
-        .await
-        .expect("read the key's status")
+    read_status(store.pool(), TENANT, key).await
 }
 
 /// Sets `[section] key = value` in a configuration, adding what is missing.
