@@ -32,6 +32,10 @@ pub enum Kind {
     HttpSync,
     /// (h) The same handler behind a plain HTTP route, no deduplication.
     HttpDirect,
+    /// (h) The seed's claim-first recipe behind a plain HTTP route: per
+    /// request one claim statement and one outcome statement on a pool of
+    /// connections, each its own transaction.
+    HttpSeed,
 }
 
 impl Kind {
@@ -51,7 +55,7 @@ impl Kind {
     pub fn brokerless(self) -> bool {
         matches!(
             self,
-            Kind::PgLimit | Kind::MinimalClaim | Kind::HttpSync | Kind::HttpDirect
+            Kind::PgLimit | Kind::MinimalClaim | Kind::HttpSync | Kind::HttpDirect | Kind::HttpSeed
         )
     }
 }

@@ -24,8 +24,9 @@ pub async fn run_job(job: &Job, settings: &Settings) -> anyhow::Result<Measured>
         Kind::PgLimit => pg_limit::run(job).await,
         Kind::MinimalClaim => minimal::run(job).await,
         Kind::Echo => echo::run(job).await,
-        Kind::HttpSync => http::run(job, settings, true).await,
-        Kind::HttpDirect => http::run(job, settings, false).await,
+        Kind::HttpSync => http::run(job, settings, http::Front::Dedupq).await,
+        Kind::HttpDirect => http::run(job, settings, http::Front::Plain).await,
+        Kind::HttpSeed => http::run(job, settings, http::Front::Seed).await,
     }
 }
 

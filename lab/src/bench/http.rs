@@ -1,9 +1,11 @@
-//! (f) The HTTP API's sync route (claim, instant handler, store, answer)
+//! (h) The HTTP API's sync route (claim, instant handler, store, answer)
 //! under concurrent keep-alive clients, beside the same handler behind a
-//! plain HTTP route without dedupq. Load generator and server share this
-//! process (and its CPUs), the same way in both rows.
+//! plain HTTP route without dedupq, and behind the seed's claim-first
+//! recipe on a pool of connections. Load generator and server share this
+//! process (and its CPUs), the same way in every row.
 
 use super::case::{Job, Measured};
+use super::naive::{CLAIM_SQL, COMPLETE_SQL, LEASE};
 use super::service::{FastHandler, CASE_LIMIT};
 use super::stats::{peak_rss_kb, percentiles, usage};
 use anyhow::Context;
@@ -11,11 +13,14 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use dedupq::config::{RouteSettings, SecretUrl, Settings};
+use dedupq::config::{RouteSettings, SecretUrl, Settings, StoreSettings};
+use dedupq::fingerprint::FingerprintSpec;
 use dedupq::handler::{Handler, HandlerCall, HandlerOutcome, Request};
 use dedupq::identity::{Epoch, IdempotencyKey, Identity, Tenant};
 use dedupq::message::Source;
 use dedupq::startup::Application;
+use dedupq::store::Store;
+use sqlx::PgPool;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,15 +30,44 @@ use tokio_util::sync::CancellationToken;
 
 const API_KEY: &str = "sk_bench_0123456789abcdef";
 
-pub(super) async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Result<Measured> {
+/// The seed's pool: sqlx's default size, what a service written in an
+/// afternoon runs with.
+const SEED_POOL: u32 = 10;
+
+/// What answers the row's requests.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Front {
+    /// dedupq's API, built as `dedupq run` builds it.
+    Dedupq,
+    /// The handler alone behind a bare route.
+    Plain,
+    /// The seed's recipe: per request a claim statement, the handler and
+    /// an outcome statement, each its own transaction on a pooled
+    /// connection, on dedupq's key table.
+    Seed,
+}
+
+pub(super) async fn run(job: &Job, base: &Settings, front: Front) -> anyhow::Result<Measured> {
     let clients = job.case.partitions.max(1) as usize;
     let handler = Arc::new(FastHandler::default());
     let stop = CancellationToken::new();
-    let (addr, metrics) = if dedupq {
-        let (addr, metrics) = serve_dedupq(job, base, handler.clone(), stop.clone()).await?;
-        (addr, Some(metrics))
-    } else {
-        (serve_direct(handler.clone(), stop.clone()).await?, None)
+    let (addr, metrics) = match front {
+        Front::Dedupq => {
+            let (addr, metrics) = serve_dedupq(job, base, handler.clone(), stop.clone()).await?;
+            (addr, Some(metrics))
+        }
+        Front::Plain => {
+            let router = axum::Router::new()
+                .route("/v1/bench", axum::routing::post(plain))
+                .with_state(handler.clone());
+            (serve(router, stop.clone()).await?, None)
+        }
+        Front::Seed => {
+            let router = axum::Router::new()
+                .route("/v1/bench", axum::routing::post(seed))
+                .with_state(Arc::new(Seed::connect(job, handler.clone()).await?));
+            (serve(router, stop.clone()).await?, None)
+        }
     };
     let url = format!("http://{addr}/v1/bench");
     // One request per client first: connections open, pools warm.
@@ -53,6 +87,7 @@ pub(super) async fn run(job: &Job, base: &Settings, dedupq: bool) -> anyhow::Res
         peak_rss_kb: peak_rss_kb(),
         notes: [
             Some(format!("{clients} concurrent clients; handler calls {calls}; latency = one request's round trip")),
+            matches!(front, Front::Seed).then(|| format!("seed: a pool of {SEED_POOL} connections")),
             metrics.map(|m| super::service::breakdown(&m, calls)),
             Some(usage()),
         ]
@@ -93,17 +128,10 @@ async fn serve_dedupq(
     Ok((addr, metrics))
 }
 
-/// The same handler behind a bare route: parse the JSON body, call it,
-/// answer its result. No key table, no authentication.
-async fn serve_direct(
-    handler: Arc<FastHandler>,
-    stop: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
+/// A bare route on a local port until `stop`.
+async fn serve(router: axum::Router, stop: CancellationToken) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let router = axum::Router::new()
-        .route("/v1/bench", axum::routing::post(direct))
-        .with_state(handler);
     tokio::spawn(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -112,33 +140,28 @@ async fn serve_direct(
     Ok(addr)
 }
 
-async fn direct(
-    State(handler): State<Arc<FastHandler>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let (Ok(_), Some(key)) = (
-        dedupq::json::parse(&body),
-        headers.get("idempotency-key").map(|k| k.as_bytes()),
-    ) else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let (Ok(tenant), Ok(key)) = (Tenant::parse(b"bench"), IdempotencyKey::parse(key)) else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let identity = Identity { tenant, key };
+/// The request's key under the bench tenant, if its body is JSON and its
+/// key valid.
+fn identity(headers: &HeaderMap, body: &[u8]) -> Option<(Identity, dedupq::json::Json)> {
+    let json = dedupq::json::parse(body).ok()?;
+    let key = IdempotencyKey::parse(headers.get("idempotency-key")?.as_bytes()).ok()?;
+    let tenant = Tenant::parse(b"bench").ok()?;
+    Some((Identity { tenant, key }, json))
+}
+
+async fn call(handler: &FastHandler, identity: &Identity, body: &[u8], epoch: i64) -> Response {
     let source = Source::Direct { id: 0 };
     let call = HandlerCall {
-        identity: &identity,
+        identity,
         derived_key: &identity.derived_key(),
         request: Request {
-            body: &body,
+            body,
             content_type: Some("application/json"),
         },
         headers: &[],
         attempt: 1,
-        epoch: Epoch(1),
-        owner: "bench-direct",
+        epoch: Epoch(epoch),
+        owner: "bench",
         lease_deadline: chrono::Utc::now(),
         source: &source,
         uncertain: false,
@@ -150,6 +173,92 @@ async fn direct(
         }
         _ => StatusCode::BAD_GATEWAY.into_response(),
     }
+}
+
+/// The same handler behind a bare route: parse the JSON body, call it,
+/// answer its result. No key table, no authentication.
+async fn plain(
+    State(handler): State<Arc<FastHandler>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match identity(&headers, &body) {
+        Some((identity, _)) => call(&handler, &identity, &body, 1).await,
+        None => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
+/// The seed's service: its key table is dedupq's (same columns and
+/// indexes), its statements the naive row's.
+struct Seed {
+    pool: PgPool,
+    handler: Arc<FastHandler>,
+    spec: FingerprintSpec,
+}
+
+impl Seed {
+    async fn connect(job: &Job, handler: Arc<FastHandler>) -> anyhow::Result<Self> {
+        let store = Store::connect_lazy(&StoreSettings {
+            url: SecretUrl::new(job.database_url.clone()),
+            schema: Some(job.schema.clone()),
+            max_connections: SEED_POOL,
+            ..StoreSettings::default()
+        })?;
+        store.migrate(Some(&job.schema)).await?;
+        Ok(Self {
+            pool: store.pool().clone(),
+            handler,
+            spec: FingerprintSpec::default(),
+        })
+    }
+
+    /// Claim, call, store, answer; a key already claimed answers 409 (the
+    /// bench sends each key once).
+    async fn pay(
+        &self,
+        identity: &Identity,
+        json: &dedupq::json::Json,
+        body: &[u8],
+    ) -> anyhow::Result<Response> {
+        let fingerprint = self.spec.fingerprint(json, body);
+        let epoch: Option<i64> = sqlx::query_scalar(CLAIM_SQL)
+            .bind(identity.tenant.as_str())
+            .bind(identity.key.as_str())
+            .bind(&fingerprint.digest[..])
+            .bind(fingerprint.version)
+            .bind(LEASE.as_secs_f64())
+            .bind("bench-seed")
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(epoch) = epoch else {
+            return Ok(StatusCode::CONFLICT.into_response());
+        };
+        let answer = call(&self.handler, identity, body, epoch).await;
+        let (parts, answer) = answer.into_parts();
+        let answer = axum::body::to_bytes(answer, usize::MAX).await?;
+        let stored = sqlx::query(COMPLETE_SQL)
+            .bind(identity.tenant.as_str())
+            .bind(identity.key.as_str())
+            .bind(epoch)
+            .bind(i32::from(parts.status.as_u16()))
+            .bind(String::from_utf8_lossy(&answer).as_ref())
+            .execute(&self.pool)
+            .await?;
+        anyhow::ensure!(
+            stored.rows_affected() == 1,
+            "the outcome of {identity} was fenced"
+        );
+        Ok(Response::from_parts(parts, answer.into()))
+    }
+}
+
+async fn seed(State(seed): State<Arc<Seed>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some((identity, json)) = identity(&headers, &body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    seed.pay(&identity, &json, &body)
+        .await
+        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response())
 }
 
 /// `total` POSTs with distinct keys over `clients` keep-alive connections;

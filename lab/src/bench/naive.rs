@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Insert the key or learn that it exists: one statement, one round trip.
-const CLAIM_SQL: &str = r#"
+pub(super) const CLAIM_SQL: &str = r#"
 INSERT INTO dedupq_keys
     (tenant, key, fingerprint, fingerprint_version, status, epoch, lease_until, owner, attempts)
 VALUES ($1, $2, $3, $4, 'in_progress', 1, now() + make_interval(secs => $5), $6, 1)
@@ -34,14 +34,14 @@ RETURNING epoch
 "#;
 
 /// Store the result, fenced by the epoch the claim returned.
-const COMPLETE_SQL: &str = r#"
+pub(super) const COMPLETE_SQL: &str = r#"
 UPDATE dedupq_keys SET
     status = 'done', result_status = $4, result_body = convert_to($5, 'UTF8'),
     lease_until = NULL, completed_at = now(), updated_at = now()
 WHERE tenant = $1 AND key = $2 AND epoch = $3 AND status = 'in_progress'
 "#;
 
-const LEASE: Duration = Duration::from_secs(30);
+pub(super) const LEASE: Duration = Duration::from_secs(30);
 const OWNER: &str = "bench-naive";
 
 struct Worker {

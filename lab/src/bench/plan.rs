@@ -120,6 +120,7 @@ impl Plan {
             case("h http direct 1c".into(), Kind::HttpDirect, 1, 3_000),
             case("h http sync 100c".into(), Kind::HttpSync, 100, 20_000),
             case("h http direct 100c".into(), Kind::HttpDirect, 100, 20_000),
+            case("h http seed 100c".into(), Kind::HttpSeed, 100, 20_000),
             case("h http sync 1000c".into(), Kind::HttpSync, 1000, 30_000),
             case("h http direct 1000c".into(), Kind::HttpDirect, 1000, 30_000),
         ]);

@@ -90,9 +90,9 @@ fn rate(rows: &[Row], label: &str) -> Option<f64> {
     find(rows, label)?.rate()
 }
 
-/// p50 and p99 of a latency row.
+/// p50 and p99 of a row: its paced run's, or its throughput run's.
 fn percentiles(rows: &[Row], label: &str) -> Option<(f64, f64)> {
-    let (p50, p99, _) = find(rows, label)?.latency.as_ref()?.latency?;
+    let ((p50, p99, _), _) = find(rows, label)?.latency()?;
     Some((p50, p99))
 }
 
@@ -212,6 +212,42 @@ pub(super) fn ratios(rows: &[Row]) -> String {
         60.0,
         "%",
     ));
+    let sync_100c = rate(rows, "h http sync 100c");
+    for (what, of) in [
+        ("HTTP sync 100c / direct 100c", "h http direct 100c"),
+        ("HTTP sync 100c / a dedupq 1p", "a dedupq 1p"),
+    ] {
+        checks.push(Check::at_least(
+            what.into(),
+            percent(sync_100c, rate(rows, of)),
+            35.0,
+            "%",
+        ));
+    }
+    checks.push(Check::reading(
+        "HTTP sync 100c / the seed's recipe".into(),
+        ratio(sync_100c, rate(rows, "h http seed 100c")),
+        "x",
+    ));
+    checks.push(Check::at_most(
+        "HTTP sync p99 at 100c".into(),
+        percentiles(rows, "h http sync 100c").map(|p| p.1),
+        25.0,
+        " ms",
+    ));
+    checks.push(Check::at_most(
+        "HTTP sync 1c p50 - direct 1c p50".into(),
+        percentiles(rows, "h http sync 1c")
+            .zip(percentiles(rows, "h http direct 1c"))
+            .map(|(sync, direct)| sync.0 - direct.0),
+        2.0,
+        " ms",
+    ));
+    checks.push(Check::reading(
+        "HTTP sync 1000c peak RSS".into(),
+        find(rows, "h http sync 1000c").and_then(Row::peak_rss_mb),
+        " MB",
+    ));
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -248,4 +284,61 @@ pub(super) fn ratios(rows: &[Row]) -> String {
         let _ = writeln!(out, "{:<40} {measured:>10} {target:>10}  {verdict}", c.what);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ratios, Row};
+    use crate::bench::{Measured, Plan};
+
+    /// A throughput row of the plan with the rate and percentiles given.
+    fn row(label: &str, rate: f64, p50: f64, p99: f64) -> Row {
+        let case = Plan::new(false)
+            .cases
+            .into_iter()
+            .find(|c| c.label == label)
+            .expect("a row of the plan");
+        Row {
+            case,
+            throughput: Some(Measured {
+                messages: rate as usize,
+                seconds: 1.0,
+                latency: Some((p50, p99, 100)),
+                peak_rss_kb: 120 * 1024,
+                notes: Vec::new(),
+            }),
+            latency: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_http_rows_are_weighed_against_their_targets() {
+        let rows = [
+            row("a dedupq 1p", 40_000.0, 0.0, 0.0),
+            row("h http sync 1c", 500.0, 3.0, 4.0),
+            row("h http direct 1c", 8_000.0, 0.1, 0.2),
+            row("h http sync 100c", 10_000.0, 8.0, 30.0),
+            row("h http direct 100c", 25_000.0, 2.0, 5.0),
+            row("h http seed 100c", 2_500.0, 40.0, 60.0),
+            row("h http sync 1000c", 12_000.0, 80.0, 150.0),
+        ];
+        let out = ratios(&rows);
+        let line = |what: &str| {
+            out.lines()
+                .find(|l| l.starts_with(what))
+                .unwrap_or_else(|| panic!("no line {what:?} in\n{out}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(line("HTTP sync 100c / direct 100c").ends_with("40.0% >= 35% met"));
+        assert!(line("HTTP sync 100c / a dedupq 1p").ends_with("25.0% >= 35% MISSED by 10.0%"));
+        assert!(line("HTTP sync 100c / the seed's recipe").ends_with("4.0x - no target"));
+        assert!(line("HTTP sync p99 at 100c").ends_with("30.0 ms <= 25 ms MISSED by 5.0 ms"));
+        assert!(
+            line("HTTP sync 1c p50 - direct 1c p50").ends_with("2.9 ms <= 2 ms MISSED by 0.9 ms")
+        );
+        assert!(line("HTTP sync 1000c peak RSS").ends_with("120.0 MB - no target"));
+    }
 }
