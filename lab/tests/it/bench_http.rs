@@ -5,8 +5,9 @@ use crate::env;
 use dedupq_lab::bench::{run_case, Case, Kind};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_http_rows_report_requests_per_second_and_latencies_with_and_without_dedupq() {
-    for kind in [Kind::HttpSync, Kind::HttpDirect] {
+async fn the_http_rows_report_requests_per_second_and_latencies_with_dedupq_without_it_and_with_the_seeds_recipe(
+) {
+    for kind in [Kind::HttpSync, Kind::HttpDirect, Kind::HttpSeed] {
         let case = Case {
             label: format!("h {kind:?} tiny"),
             kind,
