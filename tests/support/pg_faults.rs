@@ -336,6 +336,40 @@ pub async fn read_status<'c>(
         .expect("read the key's status")
 }
 
+/// `key` was charged once by `provider`, and its stored outcome is that
+/// charge's answer (201), whole: the answer given during a fault, kept
+/// through it, not a later call's.
+pub async fn charged_once_and_stored_whole(
+    store: &dedupq::store::Store,
+    provider: &super::process::Provider,
+    tenant: &str,
+    key: &str,
+) {
+    let charges = provider.charges_for(&format!("{tenant}:{key}")).await;
+    assert_eq!(charges.len(), 1, "{key}: one charge");
+    let (result, body): (i32, Vec<u8>) = sqlx::query_as(
+        "SELECT result_status, result_body FROM dedupq_keys WHERE tenant = $1 AND key = $2",
+    )
+    .bind(tenant)
+    .bind(key)
+    .fetch_one(store.pool())
+    .await
+    .expect("the stored outcome");
+    assert_eq!(result, 201, "{key}");
+    let answer: serde_json::Value =
+        serde_json::from_slice(&body).expect("the stored answer is the provider's JSON");
+    assert_eq!(
+        answer["id"],
+        format!("ch_{}", charges[0].id),
+        "{key}: the charge made"
+    );
+    assert_eq!(
+        answer["receipt"].as_str().map(str::len),
+        Some(LONG_ANSWER),
+        "{key}: the answer stored whole"
+    );
+}
+
 /// The key table locked from another session (on every partition), as
 /// psql would hold it: for writes (`SHARE`, as `CREATE INDEX` without
 /// `CONCURRENTLY`: reads go on), or exclusively (`ACCESS EXCLUSIVE`, as

@@ -3,7 +3,9 @@
 //! table and the provider.
 
 use crate::support::kafka::{self, headers, produce};
-use crate::support::pg_faults::{read_status, FaultyRole, StagedFault, StoreFault, LONG_ANSWER};
+use crate::support::pg_faults::{
+    charged_once_and_stored_whole, read_status, FaultyRole, StagedFault, StoreFault, LONG_ANSWER,
+};
 use crate::support::process::{base_config, metric_value, Dedupq, Provider};
 use crate::support::{amqp, rabbit_management};
 use crate::support::{eventually, unique};
@@ -278,9 +280,7 @@ pub async fn amqp_charge_answered_during(fault: StoreFault, for_: Duration) {
             (status(&store, k).await.as_deref() == Some("done")).then_some(())
         })
         .await;
-        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        assert_eq!(charges.len(), 1, "{k}: one charge");
-        stored_whole(&store, k, &charges[0]).await;
+        charged_once_and_stored_whole(&store, &provider, TENANT, k).await;
     }
     run.wait_acked(Duration::from_secs(30)).await;
     assert_eq!(provider.stats().await.charges, 2);
@@ -311,8 +311,7 @@ pub async fn kafka_charge_answered_during(fault: StoreFault, for_: Duration) {
     run.settled_once_each(&store, &provider, &["pay-0", "pay-1"])
         .await;
     for k in ["pay-0", "pay-1"] {
-        let charges = provider.charges_for(&format!("{TENANT}:{k}")).await;
-        stored_whole(&store, k, &charges[0]).await;
+        charged_once_and_stored_whole(&store, &provider, TENANT, k).await;
     }
     run.dedupq.kill();
     drop(store);
@@ -348,32 +347,6 @@ async fn nothing_given_up_during(dedupq: &Dedupq, provider: &Provider, fault: &S
         assert!(meanwhile.len() <= 1, "pay-1 charged at most once");
     }
     fault.still_holds().await;
-}
-
-/// The outcome stored for `key` is the provider's answer to `charge`
-/// (201), whole.
-pub async fn stored_whole(store: &Store, key: &str, charge: &dedupq_provider::Charge) {
-    let (result, body): (i32, Vec<u8>) = sqlx::query_as(
-        "SELECT result_status, result_body FROM dedupq_keys WHERE tenant = $1 AND key = $2",
-    )
-    .bind(TENANT)
-    .bind(key)
-    .fetch_one(store.pool())
-    .await
-    .expect("the stored outcome");
-    assert_eq!(result, 201, "{key}");
-    let answer: serde_json::Value =
-        serde_json::from_slice(&body).expect("the stored answer is the provider's JSON");
-    assert_eq!(
-        answer["id"],
-        format!("ch_{}", charge.id),
-        "{key}: the charge made"
-    );
-    assert_eq!(
-        answer["receipt"].as_str().map(str::len),
-        Some(LONG_ANSWER),
-        "{key}: the answer stored whole"
-    );
 }
 
 /// `dedupq run` with `config`, once /readyz says ready.

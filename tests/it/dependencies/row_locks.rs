@@ -7,11 +7,11 @@
 //! once the lock is gone — never dead-lettered.
 
 use super::common::{
-    amqp_charge_answered_during, charged, kafka_charge_answered_during, run_as, status,
-    stored_whole, KafkaRun, TENANT,
+    amqp_charge_answered_during, charged, kafka_charge_answered_during, run_as, status, KafkaRun,
+    TENANT,
 };
 use crate::support::kafka;
-use crate::support::pg_faults::{FaultyRole, RowLock, StoreFault};
+use crate::support::pg_faults::{charged_once_and_stored_whole, FaultyRole, RowLock, StoreFault};
 use crate::support::process::{base_config, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
@@ -52,10 +52,8 @@ async fn kafka_a_finish_cancelled_by_the_roles_statement_timeout_on_a_locked_row
 
     run.wait_committed_to_end(Duration::from_secs(60)).await;
     assert_eq!(status(&store, "pay-0").await.as_deref(), Some("done"));
-    let charges = provider.charges_for(&format!("{TENANT}:pay-0")).await;
-    assert_eq!(charges.len(), 1);
     // The answer received while the row was locked, not a later call's.
-    stored_whole(&store, "pay-0", &charges[0]).await;
+    charged_once_and_stored_whole(&store, &provider, TENANT, "pay-0").await;
     assert_eq!(provider.stats().await.charges, 1, "one provider call");
     assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
     assert!(

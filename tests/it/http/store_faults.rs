@@ -9,7 +9,9 @@
 //! stored charge.
 
 use super::harness::{scratch, settings, App};
-use crate::support::pg_faults::{RoleFault, StagedFault, StoreFault, LONG_ANSWER};
+use crate::support::pg_faults::{
+    charged_once_and_stored_whole, RoleFault, StagedFault, StoreFault, LONG_ANSWER,
+};
 use crate::support::process::Provider;
 use crate::support::{eventually, isolated_store};
 use dedupq_provider::Knobs;
@@ -114,6 +116,12 @@ async fn charged_during(kind: StoreFault) {
         retried.replayed() && retried.status == 201,
         "the stored 201, replayed: {retried:?}"
     );
+    let charged = provider.charges_for("acme:pay-ro").await;
+    assert_eq!(
+        retried.json()["id"],
+        format!("ch_{}", charged[0].id),
+        "the retry hears the charge made during the fault"
+    );
     if fault.refuses_claims() {
         assert_eq!(app.pay("pay-new", OTHER).await.status, 201);
     } else {
@@ -125,18 +133,7 @@ async fn charged_during(kind: StoreFault) {
     }
     assert_eq!(provider.stats().await.charges, 2, "one charge each");
     for key in ["pay-ro", "pay-new"] {
-        let (body,): (Vec<u8>,) =
-            sqlx::query_as("SELECT result_body FROM dedupq_keys WHERE key = $1")
-                .bind(key)
-                .fetch_one(app.store.pool())
-                .await
-                .expect("the stored outcome");
-        let answer: serde_json::Value = serde_json::from_slice(&body).expect("the provider's JSON");
-        assert_eq!(
-            answer["receipt"].as_str().map(str::len),
-            Some(LONG_ANSWER),
-            "{key}: the answer stored whole"
-        );
+        charged_once_and_stored_whole(&app.store, &provider, "acme", key).await;
     }
     app.stop().await;
     fault.remove().await;
