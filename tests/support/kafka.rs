@@ -301,3 +301,25 @@ impl Drop for Running {
         self.shutdown.cancel();
     }
 }
+
+/// `base` plus a `[kafka]` section consuming `topic` as `group`, with
+/// short test timers; `extra` is more TOML for that section.
+pub fn with_kafka(base: &toml::Table, topic: &str, group: &str, extra: &str) -> toml::Table {
+    let kafka: toml::Table = format!(
+        r#"
+topics = ["{topic}"]
+brokers = "{brokers}"
+group_id = "{group}"
+commit_interval = "200ms"
+session_timeout = "6s"
+stats_interval = "1s"
+{extra}
+"#,
+        brokers = brokers()
+    )
+    .parse()
+    .expect("kafka section");
+    let mut config = base.clone();
+    config.insert("kafka".into(), toml::Value::Table(kafka));
+    config
+}

@@ -25,26 +25,6 @@ pub fn body(n: usize) -> String {
     )
 }
 
-/// `base` plus a `[kafka]` section consuming `topic` as `group`.
-pub fn with_kafka(base: &toml::Table, topic: &str, group: &str) -> toml::Table {
-    let section: toml::Table = format!(
-        r#"
-topics = ["{topic}"]
-brokers = "{brokers}"
-group_id = "{group}"
-commit_interval = "200ms"
-session_timeout = "6s"
-stats_interval = "1s"
-"#,
-        brokers = kafka::brokers()
-    )
-    .parse()
-    .expect("kafka section");
-    let mut config = base.clone();
-    config.insert("kafka".into(), toml::Value::Table(section));
-    config
-}
-
 /// A `dedupq run` consuming a Kafka topic of its own, ready, and a
 /// producer of payments for it.
 pub struct KafkaRun {
@@ -61,7 +41,7 @@ impl KafkaRun {
     pub async fn start(name: &str, partitions: i32, base: &toml::Table) -> Self {
         let (topic, _) = kafka::topics(name, partitions).await;
         let group = unique("g");
-        let dedupq = started(&with_kafka(base, &topic, &group)).await;
+        let dedupq = started(&kafka::with_kafka(base, &topic, &group, "")).await;
         Self {
             dedupq,
             topic,

@@ -5,7 +5,7 @@
 //! starts no provider call on its stale claims, and its late writes are
 //! fenced and counted.
 
-use super::common::{body, set, status, with_amqp, with_kafka, TENANT};
+use super::common::{body, set, status, with_amqp, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{amqp, eventually, isolated_store, rabbit_management, unique};
@@ -13,7 +13,7 @@ use dedupq_provider::Knobs;
 use std::time::Duration;
 
 fn worker(base: &toml::Table, topic: &str, group: &str, owner: &str) -> toml::Table {
-    let mut config = with_kafka(base, topic, group);
+    let mut config = kafka::with_kafka(base, topic, group, "");
     set(&mut config, "engine", "owner", owner);
     // One call at a time: the rest of the batch waits, claimed, in line.
     set(&mut config, "engine", "concurrency", 1_i64);

@@ -47,28 +47,6 @@ pub fn effects(calls: &[crate::support::handlers::Call]) -> (usize, usize) {
     (keys.len(), calls.len())
 }
 
-/// `base` plus a `[kafka]` section consuming `topic` as `group`, with
-/// short test timers; `extra` is more TOML for that section.
-pub fn with_kafka(base: &toml::Table, topic: &str, group: &str, extra: &str) -> toml::Table {
-    let kafka: toml::Table = format!(
-        r#"
-topics = ["{topic}"]
-brokers = "{brokers}"
-group_id = "{group}"
-commit_interval = "200ms"
-session_timeout = "6s"
-stats_interval = "1s"
-{extra}
-"#,
-        brokers = crate::support::kafka::brokers()
-    )
-    .parse()
-    .expect("kafka section");
-    let mut config = base.clone();
-    config.insert("kafka".into(), toml::Value::Table(kafka));
-    config
-}
-
 /// The value of the first header called `name` in a raw record.
 pub fn raw_header<'a>(r: &'a crate::support::kafka_raw::RawRecord, name: &str) -> Option<&'a [u8]> {
     r.headers

@@ -1,7 +1,7 @@
 //! The real `dedupq` binary, killed with SIGKILL at the worst moments,
 //! against the provider simulator that counts charges.
 
-use super::common::{body, with_kafka, TENANT};
+use super::common::{body, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// `base_config` plus a `[kafka]` section for `topic` and `group`.
 fn config(base: &toml::Table, topic: &str, group: &str, commit_interval: &str) -> toml::Table {
-    let mut config = with_kafka(base, topic, group, "");
+    let mut config = crate::support::kafka::with_kafka(base, topic, group, "");
     config["kafka"]["commit_interval"] = commit_interval.into();
     config
 }

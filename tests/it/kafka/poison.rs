@@ -3,7 +3,7 @@
 //! is dead-lettered with its reason, and the payments around it go
 //! through.
 
-use super::common::{body, raw_header_str, with_kafka, TENANT};
+use super::common::{body, raw_header_str, TENANT};
 use crate::support::handlers::Recording;
 use crate::support::kafka::{self, Running};
 use crate::support::kafka_raw::{produce_raw, read_raw};
@@ -48,7 +48,12 @@ async fn a_record_with_a_non_utf8_header_name_is_dead_lettered_and_the_payment_b
     )
     .await;
 
-    let config = with_kafka(&base_config(&store_settings, &provider), &topic, &group, "");
+    let config = crate::support::kafka::with_kafka(
+        &base_config(&store_settings, &provider),
+        &topic,
+        &group,
+        "",
+    );
     let mut dedupq = Dedupq::start(&config).await;
     kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
 

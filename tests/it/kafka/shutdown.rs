@@ -1,7 +1,7 @@
 //! Shutdown with a batch stuck in a handler that never answers: one
 //! `kafka.drain_timeout`, not one per stage.
 
-use super::common::{body, with_kafka, TENANT};
+use super::common::{body, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
@@ -25,7 +25,7 @@ async fn sigterm_with_a_batch_stuck_in_a_hanging_handler_exits_within_one_drain_
     // bound ends the batch.
     base["handler"]["timeout"] = "60s".into();
     base["engine"]["lease"] = "90s".into();
-    let config = with_kafka(
+    let config = crate::support::kafka::with_kafka(
         &base,
         &topic,
         &group,

@@ -1,7 +1,7 @@
 //! A partition that makes no progress while messages wait is named on
 //! /readyz and counted in `dedupq_stalled_lanes`, until it moves again.
 
-use super::common::{body, with_kafka, TENANT};
+use super::common::{body, TENANT};
 use crate::support::kafka::{self, headers, produce};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
@@ -21,7 +21,7 @@ async fn a_partition_retried_in_place_is_named_on_readyz_after_stall_after_and_r
         .await;
     let (topic, _) = kafka::topics("stall", 2).await;
     let group = unique("g");
-    let config = with_kafka(
+    let config = crate::support::kafka::with_kafka(
         &base_config(&store_settings, &provider),
         &topic,
         &group,

@@ -3,7 +3,7 @@
 //! dead-letter suffix that makes no valid topic name.
 
 use super::common::raw_header_str;
-use super::common::{with_kafka, TENANT};
+use super::common::TENANT;
 use crate::support::kafka::{self, produce};
 use crate::support::kafka_raw::read_raw;
 use crate::support::process::{base_config, Dedupq, Provider};
@@ -24,7 +24,7 @@ async fn a_missing_dead_letter_topic_stops_start_up_naming_the_setting_unless_de
     let group = unique("g");
     let base = base_config(&store_settings, &provider);
 
-    let refused = with_kafka(&base, &topic, &group, "create_topics = false");
+    let refused = crate::support::kafka::with_kafka(&base, &topic, &group, "create_topics = false");
     let (code, log) = Dedupq::run_to_exit(&refused, EXIT_WITHIN).await;
     assert!(matches!(code, Some(c) if c != 0), "exit {code:?}:\n{log}");
     assert!(log.contains("kafka.create_topics"), "{log}");
@@ -33,7 +33,7 @@ async fn a_missing_dead_letter_topic_stops_start_up_naming_the_setting_unless_de
         "names the topic:\n{log}"
     );
 
-    let allowed = with_kafka(&base, &topic, &group, "create_topics = true");
+    let allowed = crate::support::kafka::with_kafka(&base, &topic, &group, "create_topics = true");
     let dedupq = Dedupq::start(&allowed).await;
     let producer = kafka::producer();
     let bad = produce(
@@ -60,7 +60,7 @@ async fn a_dead_letter_suffix_that_makes_no_valid_topic_name_stops_start_up_nami
     let (_store, store_settings) = isolated_store().await;
     let provider = Provider::start(Knobs::default()).await;
     let (topic, _) = kafka::topics("suffix", 1).await;
-    let config = with_kafka(
+    let config = crate::support::kafka::with_kafka(
         &base_config(&store_settings, &provider),
         &topic,
         &unique("g"),
