@@ -13,6 +13,7 @@ mod renewal;
 mod retention;
 mod row_hint;
 mod scale_out;
+mod stalled_runtime;
 mod takeover;
 mod tenants;
 mod transactional;
