@@ -149,7 +149,14 @@ fn identity(headers: &HeaderMap, body: &[u8]) -> Option<(Identity, dedupq::json:
     Some((Identity { tenant, key }, json))
 }
 
-async fn call(handler: &FastHandler, identity: &Identity, body: &[u8], epoch: i64) -> Response {
+/// The handler's answer to this request: its status and body (502 and
+/// nothing when it did not succeed).
+async fn call(
+    handler: &FastHandler,
+    identity: &Identity,
+    body: &[u8],
+    epoch: i64,
+) -> (StatusCode, Bytes) {
     let source = Source::Direct { id: 0 };
     let call = HandlerCall {
         identity,
@@ -167,11 +174,11 @@ async fn call(handler: &FastHandler, identity: &Identity, body: &[u8], epoch: i6
         uncertain: false,
     };
     match handler.handle(&call).await {
-        HandlerOutcome::Success(r) => {
-            let status = StatusCode::from_u16(r.status as u16).unwrap_or(StatusCode::OK);
-            (status, r.body).into_response()
-        }
-        _ => StatusCode::BAD_GATEWAY.into_response(),
+        HandlerOutcome::Success(r) => (
+            StatusCode::from_u16(r.status as u16).unwrap_or(StatusCode::OK),
+            Bytes::from(r.body),
+        ),
+        _ => (StatusCode::BAD_GATEWAY, Bytes::new()),
     }
 }
 
@@ -183,7 +190,7 @@ async fn plain(
     body: Bytes,
 ) -> Response {
     match identity(&headers, &body) {
-        Some((identity, _)) => call(&handler, &identity, &body, 1).await,
+        Some((identity, _)) => call(&handler, &identity, &body, 1).await.into_response(),
         None => StatusCode::BAD_REQUEST.into_response(),
     }
 }
@@ -233,14 +240,12 @@ impl Seed {
         let Some(epoch) = epoch else {
             return Ok(StatusCode::CONFLICT.into_response());
         };
-        let answer = call(&self.handler, identity, body, epoch).await;
-        let (parts, answer) = answer.into_parts();
-        let answer = axum::body::to_bytes(answer, usize::MAX).await?;
+        let (status, answer) = call(&self.handler, identity, body, epoch).await;
         let stored = sqlx::query(COMPLETE_SQL)
             .bind(identity.tenant.as_str())
             .bind(identity.key.as_str())
             .bind(epoch)
-            .bind(i32::from(parts.status.as_u16()))
+            .bind(i32::from(status.as_u16()))
             .bind(String::from_utf8_lossy(&answer).as_ref())
             .execute(&self.pool)
             .await?;
@@ -248,7 +253,7 @@ impl Seed {
             stored.rows_affected() == 1,
             "the outcome of {identity} was fenced"
         );
-        Ok(Response::from_parts(parts, answer.into()))
+        Ok((status, answer).into_response())
     }
 }
 

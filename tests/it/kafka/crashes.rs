@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// `base_config` plus a `[kafka]` section for `topic` and `group`.
 fn config(base: &toml::Table, topic: &str, group: &str, commit_interval: &str) -> toml::Table {
-    let mut config = crate::support::kafka::with_kafka(base, topic, group, "");
+    let mut config = kafka::with_kafka(base, topic, group, "");
     config["kafka"]["commit_interval"] = commit_interval.into();
     config
 }

@@ -48,12 +48,7 @@ async fn a_record_with_a_non_utf8_header_name_is_dead_lettered_and_the_payment_b
     )
     .await;
 
-    let config = crate::support::kafka::with_kafka(
-        &base_config(&store_settings, &provider),
-        &topic,
-        &group,
-        "",
-    );
+    let config = kafka::with_kafka(&base_config(&store_settings, &provider), &topic, &group, "");
     let mut dedupq = Dedupq::start(&config).await;
     kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(60)).await;
 

@@ -25,7 +25,7 @@ async fn sigterm_with_a_batch_stuck_in_a_hanging_handler_exits_within_one_drain_
     // bound ends the batch.
     base["handler"]["timeout"] = "60s".into();
     base["engine"]["lease"] = "90s".into();
-    let config = crate::support::kafka::with_kafka(
+    let config = kafka::with_kafka(
         &base,
         &topic,
         &group,

@@ -21,7 +21,7 @@ async fn a_partition_retried_in_place_is_named_on_readyz_after_stall_after_and_r
         .await;
     let (topic, _) = kafka::topics("stall", 2).await;
     let group = unique("g");
-    let config = crate::support::kafka::with_kafka(
+    let config = kafka::with_kafka(
         &base_config(&store_settings, &provider),
         &topic,
         &group,

@@ -24,7 +24,7 @@ async fn a_missing_dead_letter_topic_stops_start_up_naming_the_setting_unless_de
     let group = unique("g");
     let base = base_config(&store_settings, &provider);
 
-    let refused = crate::support::kafka::with_kafka(&base, &topic, &group, "create_topics = false");
+    let refused = kafka::with_kafka(&base, &topic, &group, "create_topics = false");
     let (code, log) = Dedupq::run_to_exit(&refused, EXIT_WITHIN).await;
     assert!(matches!(code, Some(c) if c != 0), "exit {code:?}:\n{log}");
     assert!(log.contains("kafka.create_topics"), "{log}");
@@ -33,7 +33,7 @@ async fn a_missing_dead_letter_topic_stops_start_up_naming_the_setting_unless_de
         "names the topic:\n{log}"
     );
 
-    let allowed = crate::support::kafka::with_kafka(&base, &topic, &group, "create_topics = true");
+    let allowed = kafka::with_kafka(&base, &topic, &group, "create_topics = true");
     let dedupq = Dedupq::start(&allowed).await;
     let producer = kafka::producer();
     let bad = produce(
@@ -60,7 +60,7 @@ async fn a_dead_letter_suffix_that_makes_no_valid_topic_name_stops_start_up_nami
     let (_store, store_settings) = isolated_store().await;
     let provider = Provider::start(Knobs::default()).await;
     let (topic, _) = kafka::topics("suffix", 1).await;
-    let config = crate::support::kafka::with_kafka(
+    let config = kafka::with_kafka(
         &base_config(&store_settings, &provider),
         &topic,
         &unique("g"),
