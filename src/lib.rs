@@ -104,6 +104,7 @@ pub mod store;
 pub mod transport;
 
 mod backoff;
+mod broken;
 mod maintenance;
 mod recheck;
 mod server;

@@ -144,7 +144,7 @@ async fn try_lock(
         *conn = Some(fresh);
     }
     let c = conn.as_mut().expect("connected just above");
-    if cfg!(feature = "broken-no-upkeep-lock") {
+    if crate::broken::is(crate::broken::Break::NoUpkeepLock) {
         // Test-only: every replica leads.
         return Ok(true);
     }
@@ -236,7 +236,7 @@ async fn purge_once(
 }
 
 async fn longest_keep(conn: &mut PgConnection, own: Duration) -> Result<Duration, StoreError> {
-    if cfg!(feature = "broken-own-keep-only") {
+    if crate::broken::is(crate::broken::Break::OwnKeepOnly) {
         // Test-only: every leader purges with its own keep.
         return Ok(own);
     }

@@ -16,7 +16,7 @@ pub(super) struct Pending {
     /// The message's trace span (disabled when traces are off).
     pub span: tracing::Span,
     /// Test-only: the handler's outcome when it ran before the claim.
-    #[cfg(feature = "broken-claim-after-work")]
+    #[cfg(feature = "broken")]
     pub early: Option<crate::handler::HandlerOutcome>,
 }
 
@@ -26,7 +26,7 @@ impl Pending {
             index,
             parsed,
             span,
-            #[cfg(feature = "broken-claim-after-work")]
+            #[cfg(feature = "broken")]
             early: None,
         }
     }

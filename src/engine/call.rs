@@ -30,7 +30,7 @@ pub(super) async fn run_one(
     j: usize,
 ) -> (usize, Ran) {
     let call = handler_call(inner, &batch[o.pending.index], o, lease_deadline);
-    #[cfg(feature = "broken-claim-after-work")]
+    #[cfg(feature = "broken")]
     if let Some(done) = &o.pending.early {
         let _ = (keeper, call);
         let outcome = done.clone();
@@ -84,13 +84,10 @@ async fn call_handler(
     let _permit = inner.permits.acquire().await;
     // A call queued behind others may find its lease gone by now (the
     // process was paused, the runtime stalled): it must not start on it.
-    #[cfg(not(feature = "broken-no-lease-check"))]
-    let checked = keeper.check_before_call(j, &inner.store).await;
-    #[cfg(feature = "broken-no-lease-check")]
-    let checked: Result<(), String> = {
-        // Named, never called: the check's fields stay in use.
-        let _skipped = LeaseKeeper::check_before_call;
+    let checked = if crate::broken::is(crate::broken::Break::NoLeaseCheck) {
         Ok(())
+    } else {
+        keeper.check_before_call(j, &inner.store).await
     };
     if let Err(doubt) = checked {
         tracing::warn!(identity = %call.identity, epoch = call.epoch.0, %doubt,
@@ -210,7 +207,7 @@ fn report(inner: &Inner, identity: &crate::identity::Identity, out: &HandlerOutc
 
 /// Test-only: the naive order (work first, then record the key), so the
 /// tests and the chaos run can show that they catch it.
-#[cfg(feature = "broken-claim-after-work")]
+#[cfg(feature = "broken")]
 pub(super) async fn work_before_claiming(
     inner: &Inner,
     batch: &[Incoming],

@@ -144,8 +144,10 @@ impl Engine {
                 Err(reason) => decisions[index] = Some(Decision::invalid(reason)),
             }
         }
-        #[cfg(feature = "broken-claim-after-work")]
-        call::work_before_claiming(inner, batch, &mut pending).await;
+        #[cfg(feature = "broken")]
+        if crate::broken::is(crate::broken::Break::ClaimAfterWork) {
+            call::work_before_claiming(inner, batch, &mut pending).await;
+        }
         if inner.gate.paused().is_some() {
             pending = self.probe(batch, pending, &mut decisions).await?;
         }

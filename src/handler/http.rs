@@ -217,8 +217,9 @@ impl HttpHandler {
         }
         // While traced, the provider continues this handler call's span,
         // not the producer's: the passed context is replaced.
-        #[cfg(not(feature = "broken-no-trace-propagation"))]
-        crate::telemetry::inject_current(&mut h);
+        if !crate::broken::is(crate::broken::Break::NoTracePropagation) {
+            crate::telemetry::inject_current(&mut h);
+        }
         h.extend(self.static_headers.clone());
         let text = |v: &str| {
             HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("invalid"))

@@ -5,12 +5,14 @@ use super::{sorted_order, RowAt, Store, StoreError};
 use crate::identity::{Epoch, Identity};
 use sqlx::Row;
 
-#[cfg(not(feature = "broken-no-fencing"))]
-const EPOCH_FENCE: &str = "AND k.epoch = u.epoch";
-// Test-only: lets a stale worker overwrite the current owner's row, so the
-// tests can show that they catch a store without fencing.
-#[cfg(feature = "broken-no-fencing")]
-const EPOCH_FENCE: &str = "";
+/// The fence: a write matches its row only at the claim's epoch.
+fn epoch_fence() -> &'static str {
+    if crate::broken::is(crate::broken::Break::NoFencing) {
+        // Test-only: a stale worker overwrites the current owner's row.
+        return "";
+    }
+    "AND k.epoch = u.epoch"
+}
 
 /// One statement for a batch of finishes of any kind. `in_progress` with a
 /// lease ending now is a release: the next delivery takes over at once. An
@@ -85,6 +87,7 @@ impl Reach {
 /// `at_row`, and `by_key`), its twelve parameters numbered from
 /// `first + 1`.
 pub(super) fn finish_ctes(first: usize, reach: Reach) -> String {
+    let fence = epoch_fence();
     let set = r#"
     status = u.status,
     result_status = u.result_status,
@@ -110,7 +113,7 @@ at_row AS (
     WHERE k.ctid = u.at_tid AND k.tableoid = u.at_table::oid
       AND k.tenant = u.tenant AND k.key = u.key
       AND k.completed_at IS NULL
-      {EPOCH_FENCE}
+      {fence}
     RETURNING u.ord
 ),"#
             ),
@@ -132,7 +135,7 @@ by_key AS (
     FROM u
     WHERE {not_at_row}k.tenant = u.tenant AND k.key = u.key
       AND k.completed_at IS NULL
-      {EPOCH_FENCE}
+      {fence}
     RETURNING u.ord
 )"#,
         p(1),

@@ -59,11 +59,12 @@ impl Store {
         // a migration that copies a table is planned as PostgreSQL would.
         let session = format!("SET lock_timeout = 0; {}", default_planner_sql(false));
         conn.execute(sqlx::raw_sql(&session)).await?;
-        #[cfg(not(feature = "broken-no-migrate-lock"))]
-        sqlx::query("SELECT pg_advisory_lock($1)")
-            .bind(MIGRATE_LOCK)
-            .execute(&mut *conn)
-            .await?;
+        if !crate::broken::is(crate::broken::Break::NoMigrateLock) {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(MIGRATE_LOCK)
+                .execute(&mut *conn)
+                .await?;
+        }
         let result = migrate_locked(&mut conn, schema, self.partitions()).await;
         release(conn, result.is_ok()).await;
         result

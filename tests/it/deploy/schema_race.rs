@@ -1,7 +1,8 @@
 //! Instances started together on a fresh `store.schema` used to race on
 //! `CREATE SCHEMA IF NOT EXISTS` (one exited with a duplicate key on
 //! pg_namespace). The schema and the migrations are now made under an
-//! advisory lock; built with `broken-no-migrate-lock`, this test fails.
+//! advisory lock; with `DEDUPQ_BROKEN=no-migrate-lock` (a `broken` build),
+//! this test fails.
 
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{self, unique};

@@ -5,9 +5,9 @@
 //! simulator recording the trace context each charge request carried. One
 //! trace must run from the producer's span through dedupq's batch, message
 //! and handler spans to the provider's request, whose parent is dedupq's
-//! handler span (not the producer's: the broken build
-//! `broken-no-trace-propagation` forwards the producer's header instead,
-//! and these tests fail on it).
+//! handler span (not the producer's: a `broken` build run with
+//! `DEDUPQ_BROKEN=no-trace-propagation` forwards the producer's header
+//! instead, and these tests fail on it).
 
 use super::jaeger::{services_tls_dir, Jaeger, Trace};
 use crate::support::amqp::{self, Client};
