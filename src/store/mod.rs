@@ -26,6 +26,7 @@ pub use maintenance::Renewed;
 pub use preflight::{Missing, Server};
 pub use repair::{Released, Repaired, Settlement};
 pub use schema::Pending;
+pub use schema::MIGRATE_LOCK;
 pub use transactional::TxClaim;
 
 use serde::Serialize;

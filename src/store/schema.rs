@@ -14,7 +14,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Session advisory lock held across CREATE SCHEMA and the migrations, so
 /// instances started together do not race on them ("dedupqmg").
-const MIGRATE_LOCK: i64 = 0x6465_6475_7071_6d67;
+pub const MIGRATE_LOCK: i64 = 0x6465_6475_7071_6d67;
 
 /// PostgreSQL's insufficient_privilege.
 const PERMISSION_DENIED: &str = "42501";
