@@ -4,8 +4,8 @@
 //! The switches exist only in a build with the `broken` feature, never in a
 //! release; without it [`is`] is `false` and every broken branch is
 //! compiled out. A `broken` build breaks the one guarantee named in
-//! `DEDUPQ_BROKEN` (read once, by the process and every process it starts),
-//! and none while it is unset. One build thus serves every broken variant:
+//! `DEDUPQ_BROKEN` (read once by each process; the processes it starts
+//! inherit it), and none while it is unset. One build thus serves every broken variant:
 //! `DEDUPQ_BROKEN=no-fencing cargo test --features broken --test it
 //! engine::takeover`.
 
