@@ -5,9 +5,9 @@
 //! release; without it [`is`] is `false` and every broken branch is
 //! compiled out. A `broken` build breaks the one guarantee named in
 //! `DEDUPQ_BROKEN` (read once by each process; the processes it starts
-//! inherit it), and none while it is unset. One build thus serves every broken variant:
-//! `DEDUPQ_BROKEN=no-fencing cargo test --features broken --test it
-//! engine::takeover`.
+//! inherit it), and none while it is unset. One build thus serves every
+//! broken variant: `DEDUPQ_BROKEN=no-fencing cargo test --features broken
+//! --test it engine::takeover`.
 
 /// One guarantee switched off.
 // Without the feature, the switch that guards code compiled only with it
