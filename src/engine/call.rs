@@ -169,7 +169,7 @@ pub(super) fn judge(inner: &Inner, o: &Owned<'_>, ran: Ran) -> Verdict {
         Ran::Skipped(_) => Default::default(),
     };
     let facts = Facts {
-        attempts: claim.attempts.max(1) as u32,
+        attempts: claim.counted.max(1) as u32,
         uncertain: claim.uncertain,
         fresh: o.fresh,
         // Time paused for a provider outage is not the payment's.

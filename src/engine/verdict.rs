@@ -11,12 +11,13 @@ use super::settle::stored;
 use super::streaks::Streak;
 use crate::backoff::Backoff;
 use crate::handler::{HandlerOutcome, HandlerResult};
-use crate::store::{Answer, Finish, KeyStatus, StoredResult};
+use crate::store::{Answer, Finish, KeyStatus, Refund, StoredResult};
 use std::time::Duration;
 
 /// What is known about the claim whose handler ran.
 pub(super) struct Facts {
-    /// Attempts on the key, this one included (at least 1).
+    /// Attempts on the key that count towards `engine.max_attempts`, this
+    /// one included (at least 1).
     pub attempts: u32,
     /// An earlier attempt's outcome is unknown.
     pub uncertain: bool,
@@ -102,7 +103,7 @@ fn called(facts: &Facts, out: HandlerOutcome, probe: bool, opts: &EngineOptions)
         HandlerOutcome::Fault { error, .. } => faulted(&at, error),
     };
     let finish = if probe_failed {
-        refunded(finish)
+        uncounted(finish)
     } else {
         finish
     };
@@ -121,7 +122,7 @@ fn transient(
     // The provider still works on the key (or, for a first attempt, on a
     // request of another process): this attempt did nothing.
     if at.still_running && !at.out_of_time {
-        let finish = give_back(at.uncertain, error);
+        let finish = give_back(at.uncertain, error, Refund::Uncounted);
         return (finish, Outcome::Retried, at.retry(retry_after));
     }
     // Nothing ever reached the provider: the key is left free, so
@@ -140,7 +141,7 @@ fn transient(
     };
     let finish = Finish::Release {
         error,
-        refund: false,
+        refund: Refund::No,
     };
     (finish, Outcome::Retried, action)
 }
@@ -160,7 +161,7 @@ fn unknown(at: &Standing, error: String) -> (Finish, Outcome, Action) {
     let finish = Finish::Unknown {
         error,
         hold: at.last,
-        refund: false,
+        refund: Refund::No,
     };
     (finish, Outcome::Unknown, action)
 }
@@ -172,7 +173,7 @@ fn unknown(at: &Standing, error: String) -> (Finish, Outcome, Action) {
 fn faulted(at: &Standing, error: String) -> (Finish, Outcome, Action) {
     if !at.out_of_time {
         return (
-            give_back(at.uncertain, error),
+            give_back(at.uncertain, error, Refund::Uncounted),
             Outcome::Fault,
             at.retry(None),
         );
@@ -186,7 +187,7 @@ fn faulted(at: &Standing, error: String) -> (Finish, Outcome, Action) {
         let finish = Finish::Unknown {
             error,
             hold: true,
-            refund: true,
+            refund: Refund::Uncounted,
         };
         let reason = DeadLetterReason::OutcomeUnknown;
         return (
@@ -202,7 +203,7 @@ fn faulted(at: &Standing, error: String) -> (Finish, Outcome, Action) {
     );
     let reason = DeadLetterReason::HandlerFault;
     (
-        give_back(false, error),
+        give_back(false, error, Refund::Uncounted),
         Outcome::Fault,
         Action::DeadLetter { reason, detail },
     )
@@ -224,7 +225,7 @@ fn skipped(skip: Skip, uncertain: bool, backoff: Backoff) -> Verdict {
         ),
     };
     Verdict {
-        finish: give_back(uncertain, error.to_string()),
+        finish: give_back(uncertain, error.to_string(), Refund::Unsent),
         outcome,
         action,
     }
@@ -275,34 +276,33 @@ fn is_409(outcome: &HandlerOutcome) -> bool {
     )
 }
 
-/// The key given back without using an attempt: released, or left
-/// unknown if an earlier attempt's outcome is.
-fn give_back(uncertain: bool, error: String) -> Finish {
+/// The key given back without using an attempt (`refund` says whether a
+/// request went out): released, or left unknown if an earlier attempt's
+/// outcome is.
+fn give_back(uncertain: bool, error: String, refund: Refund) -> Finish {
     if uncertain {
         Finish::Unknown {
             error,
             hold: false,
-            refund: true,
+            refund,
         }
     } else {
-        Finish::Release {
-            error,
-            refund: true,
-        }
+        Finish::Release { error, refund }
     }
 }
 
-/// The same finish, giving its attempt back.
-fn refunded(finish: Finish) -> Finish {
+/// The same finish, its attempt not counted. Its request went out, so it
+/// keeps its number.
+fn uncounted(finish: Finish) -> Finish {
     match finish {
         Finish::Release { error, .. } => Finish::Release {
             error,
-            refund: true,
+            refund: Refund::Uncounted,
         },
         Finish::Unknown { error, hold, .. } => Finish::Unknown {
             error,
             hold,
-            refund: true,
+            refund: Refund::Uncounted,
         },
         settled => settled,
     }

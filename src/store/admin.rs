@@ -11,7 +11,7 @@ use sqlx::{Executor, Postgres, Row, Transaction};
 
 pub(super) const COLUMNS: &str =
     "tenant, key, encode(fingerprint, 'hex') AS fingerprint, fingerprint_version, \
-    status, epoch, lease_until, owner, attempts, result_status, result_body, \
+    status, epoch, lease_until, owner, attempts, uncounted_attempts, result_status, result_body, \
     result_content_type, derived_key, last_error, \
     created_at, updated_at, completed_at";
 
@@ -59,8 +59,12 @@ pub struct KeyRow {
     /// The process that made the latest claim (`host-pid-random` unless
     /// configured).
     pub owner: String,
-    /// Attempts on the key so far (refunded ones not).
+    /// Attempts on the key that sent a request: the number the latest one
+    /// carried (`X-Dedupq-Attempt`).
     pub attempts: i32,
+    /// Of those, the ones that do not count towards `engine.max_attempts`
+    /// (a fault, a 409 for a request still running, a failed probe).
+    pub uncounted_attempts: i32,
     /// The stored answer's status code, once done or failed.
     pub result_status: Option<i32>,
     /// The stored answer: its JSON verbatim when it is JSON, else
@@ -94,6 +98,7 @@ impl KeyRow {
             lease_until: row.try_get("lease_until")?,
             owner: row.try_get("owner")?,
             attempts: row.try_get("attempts")?,
+            uncounted_attempts: row.try_get("uncounted_attempts")?,
             result_status: row.try_get("result_status")?,
             result_body: row
                 .try_get::<Option<Vec<u8>>, _>("result_body")?

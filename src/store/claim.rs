@@ -87,7 +87,8 @@ claimed AS (
                AND ((k.fingerprint_version <> 1)
                     OR (k.fingerprint = (SELECT l.legacy FROM input l
                                          WHERE l.tenant = k.tenant AND l.key = k.key)))))
-    RETURNING k.tenant, k.key, k.epoch, k.attempts, (k.epoch = 1) AS inserted,
+    RETURNING k.tenant, k.key, k.epoch, k.attempts,
+              k.attempts - k.uncounted_attempts AS counted, (k.epoch = 1) AS inserted,
               (k.uncertain_since IS NOT NULL) AS uncertain,
               CASE WHEN k.epoch = 1 THEN NULL ELSE k.request_body END AS stored_body,
               CASE WHEN k.epoch = 1 THEN NULL ELSE k.request_content_type END AS stored_content_type,
@@ -107,7 +108,8 @@ unclaimed AS MATERIALIZED (
 /// statement sharing the claim with finishes fills.
 pub(super) const CLAIM_SELECT: &str = r#"
 SELECT NULL::int8 AS ord, c.tenant, c.key,
-       c.epoch AS claimed_epoch, c.attempts AS claimed_attempts, c.inserted,
+       c.epoch AS claimed_epoch, c.attempts AS claimed_attempts,
+       c.counted AS claimed_counted, c.inserted,
        c.uncertain, c.stored_body, c.stored_content_type, c.stored_derived_key,
        c.age AS claimed_age, c.at_table, c.at_tid,
        NULL::text AS status, NULL::bytea AS fingerprint, NULL::int2 AS fingerprint_version,
@@ -119,7 +121,7 @@ SELECT NULL::int8 AS ord, c.tenant, c.key,
 FROM claimed c
 UNION ALL
 SELECT u.ord, NULL, NULL,
-       NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        k.status, k.fingerprint, k.fingerprint_version,
        k.lease_until, ((k.lease_until <= now()) IS TRUE),
@@ -132,7 +134,7 @@ JOIN dedupq_keys k ON k.tenant = u.tenant AND k.key = u.key
 "#;
 
 /// Columns of [`CLAIM_SELECT`] before `finished`.
-pub(super) const CLAIM_COLUMNS: usize = 24;
+pub(super) const CLAIM_COLUMNS: usize = 25;
 
 /// The claim on its own.
 pub(super) fn claim_sql() -> &'static str {
@@ -220,8 +222,13 @@ pub struct Claim {
     /// The fencing token of this claim: every later write of it carries the
     /// epoch and lands only while the row still has it.
     pub epoch: Epoch,
-    /// Attempts on the key so far, this one included (refunded ones not).
+    /// Attempts on the key that sent a request, and this one: the number
+    /// its request carries (`X-Dedupq-Attempt`), never one an earlier
+    /// request carried.
     pub attempts: i32,
+    /// Of those, the ones that count towards `engine.max_attempts` (see
+    /// [`Refund`](super::Refund)), this one included.
+    pub counted: i32,
     /// An earlier attempt may have had its effect (its outcome was unknown,
     /// or its worker died mid-call): only a settling answer ends the key.
     pub uncertain: bool,
@@ -527,6 +534,7 @@ pub(super) fn classify(
         let claim = Claim {
             epoch: Epoch(epoch),
             attempts: row.try_get("claimed_attempts")?,
+            counted: row.try_get("claimed_counted")?,
             uncertain: !inserted && row.try_get::<Option<bool>, _>("uncertain")?.unwrap_or(true),
             stored_request: stored_request.filter(|r| !r.derived_key.is_empty()),
             age: row

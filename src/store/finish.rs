@@ -17,7 +17,9 @@ fn epoch_fence() -> &'static str {
 /// One statement for a batch of finishes of any kind. `in_progress` with a
 /// lease ending now is a release: the next delivery takes over at once. An
 /// unknown outcome held for an operator has no lease at all, so no claim
-/// takes it over. A fault refunds the attempt it used. An unknown outcome
+/// takes it over. An attempt that sent no request gives its number back; one
+/// that sent a request saying nothing about the payment (a fault, a 409, a
+/// failed probe) keeps it and is counted apart (see [`Refund`]). An unknown outcome
 /// marks the key uncertain; a done or failed one clears the mark.
 ///
 /// It changes no indexed column of an ordinary key (`uncertain_since`
@@ -99,7 +101,8 @@ pub(super) fn finish_ctes(first: usize, reach: Reach) -> String {
     uncertain_since = CASE WHEN u.status = 'unknown' THEN coalesce(k.uncertain_since, now())
                            WHEN u.status IN ('done', 'failed') THEN NULL
                            ELSE k.uncertain_since END,
-    attempts = k.attempts - u.refund,
+    attempts = k.attempts - (u.refund = 1)::int4,
+    uncounted_attempts = k.uncounted_attempts + (u.refund = 2)::int4,
     attempt_open = false,
     updated_at = now()"#;
     let p = |n: usize| format!("${}", first + n);
@@ -161,13 +164,13 @@ pub enum Finish {
     /// The handler failed for good (declined, 4xx): stored and replayed too.
     Failed(Answer),
     /// Nothing happened (a transient failure, or a configuration fault):
-    /// give the key up so the next delivery takes over. `refund` gives the
-    /// attempt back (a fault says nothing about the payment).
+    /// give the key up so the next delivery takes over. `refund`: whether
+    /// the attempt counts (a fault says nothing about the payment).
     Release {
         /// Why, kept in `last_error` (without NULs, at most 2 KiB).
         error: String,
-        /// Gives the attempt back: it does not count towards the limit.
-        refund: bool,
+        /// Whether the attempt counts towards the limit.
+        refund: Refund,
     },
     /// The call may or may not have had its effect: retry with the same
     /// request. `hold`: no more attempts; wait for an operator.
@@ -177,9 +180,37 @@ pub enum Finish {
         /// No attempts left: the key keeps no lease, so no claim takes it
         /// over until an operator settles or releases it.
         hold: bool,
-        /// Gives the attempt back: it does not count towards the limit.
-        refund: bool,
+        /// Whether the attempt counts towards the limit.
+        refund: Refund,
     },
+}
+
+/// Whether the attempt a finish ends counts towards `engine.max_attempts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refund {
+    /// It counts.
+    No,
+    /// It sent no request (the call never started): the attempt and its
+    /// number are given back, and the next request uses the number.
+    Unsent,
+    /// It sent a request, which may have reached the provider, but what
+    /// came back says nothing about the payment (a fault, a 409 for a
+    /// request still running, a probe that found the provider still
+    /// down). It does not count, but keeps its number: no two requests of
+    /// a key carry the same `X-Dedupq-Attempt`, and `attempts` counts the
+    /// requests sent.
+    Uncounted,
+}
+
+impl Refund {
+    /// As the finish statement takes it.
+    fn code(self) -> i32 {
+        match self {
+            Refund::No => 0,
+            Refund::Unsent => 1,
+            Refund::Uncounted => 2,
+        }
+    }
 }
 
 /// A stored answer: status and body byte for byte.
@@ -240,7 +271,7 @@ impl Finish {
                 result: None,
                 error: error(e),
                 hold: false,
-                refund: i32::from(*refund),
+                refund: refund.code(),
             },
             Finish::Unknown {
                 error: e,
@@ -251,7 +282,7 @@ impl Finish {
                 result: None,
                 error: error(e),
                 hold: *hold,
-                refund: i32::from(*refund),
+                refund: refund.code(),
             },
         }
     }

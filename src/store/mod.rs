@@ -20,7 +20,7 @@ pub use admin::{AuditRow, KeyFilter, KeyRow};
 pub use claim::{Claim, ClaimRequest, ClaimResult, RowAt, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::{StoreError, STORE_ERROR_CLASSES};
-pub use finish::{Answer, Finish, FinishWrite, Written, HINTED_FROM};
+pub use finish::{Answer, Finish, FinishWrite, Refund, Written, HINTED_FROM};
 pub use lookup::KeyState;
 pub use maintenance::Renewed;
 pub use preflight::{Missing, Server};

@@ -20,7 +20,8 @@ RETURNING epoch
 "#;
 
 const READ_ONE_SQL: &str = r#"
-SELECT NULL::int8 AS claimed_epoch, NULL::int4 AS claimed_attempts, NULL::bool AS inserted,
+SELECT NULL::int8 AS claimed_epoch, NULL::int4 AS claimed_attempts,
+       NULL::int4 AS claimed_counted, NULL::bool AS inserted,
        NULL::bytea AS stored_body, NULL::text AS stored_content_type,
        NULL::text AS stored_derived_key, NULL::float8 AS claimed_age,
        status, fingerprint, fingerprint_version, lease_until,

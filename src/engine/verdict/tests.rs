@@ -110,12 +110,12 @@ fn a_transient_failure_releases_the_key_and_on_the_last_attempt_leaves_it_free()
         error: "refused".into(),
         refund,
     };
-    assert_eq!(v.finish, release(false));
+    assert_eq!(v.finish, release(Refund::No));
     let v = call(&last(), transient(Some(503)));
     assert_eq!(dead_letter(&v), DeadLetterReason::ExhaustedRetries);
     assert_eq!(
         v.finish,
-        release(false),
+        release(Refund::No),
         "never failed: nothing was refused"
     );
 }
@@ -162,7 +162,13 @@ fn a_409_uses_no_attempt_until_the_provider_has_said_so_for_too_long() {
     let v = call(&still_running, transient(Some(409)));
     assert_eq!(v.outcome, Outcome::Retried);
     assert!(retried(&v), "the last attempt is not used up by a 409");
-    assert!(matches!(v.finish, Finish::Unknown { refund: true, .. }));
+    assert!(matches!(
+        v.finish,
+        Finish::Unknown {
+            refund: Refund::Uncounted,
+            ..
+        }
+    ));
     let stuck = Facts {
         streak: Streak {
             count: 31,
@@ -180,14 +186,26 @@ fn a_fault_gives_the_attempt_back_until_retry_for_runs_out() {
     let v = call(&last(), fault());
     assert_eq!(v.outcome, Outcome::Fault);
     assert!(retried(&v), "a fault uses no attempt");
-    assert!(matches!(v.finish, Finish::Release { refund: true, .. }));
+    assert!(matches!(
+        v.finish,
+        Finish::Release {
+            refund: Refund::Uncounted,
+            ..
+        }
+    ));
     let out_of_time = Facts {
         active: Duration::from_secs(60),
         ..first()
     };
     let v = call(&out_of_time, fault());
     assert_eq!(dead_letter(&v), DeadLetterReason::HandlerFault);
-    assert!(matches!(v.finish, Finish::Release { refund: true, .. }));
+    assert!(matches!(
+        v.finish,
+        Finish::Release {
+            refund: Refund::Uncounted,
+            ..
+        }
+    ));
     let uncertain = Facts {
         uncertain: true,
         ..out_of_time
@@ -206,11 +224,35 @@ fn a_failed_probe_uses_no_attempt_even_on_the_last_one() {
     };
     let v = judge(&last(), probe, &opts());
     assert!(retried(&v));
-    let refunded = Finish::Release {
+    let uncounted = Finish::Release {
         error: "refused".into(),
-        refund: true,
+        refund: Refund::Uncounted,
     };
-    assert_eq!(v.finish, refunded);
+    assert_eq!(v.finish, uncounted);
+}
+
+/// A probe's request went out and may have been charged: the next
+/// request of the key must carry another attempt number, so the attempt
+/// is not counted but keeps its number.
+#[test]
+fn a_probe_without_an_answer_keeps_its_attempt_number_and_leaves_the_key_unknown() {
+    let probe = Ran::Called {
+        outcome: unknown(),
+        probe: true,
+    };
+    let v = judge(&last(), probe, &opts());
+    assert!(
+        retried(&v),
+        "a failed probe does not use up the last attempt"
+    );
+    assert_eq!(
+        v.finish,
+        Finish::Unknown {
+            error: "timed out".into(),
+            hold: false,
+            refund: Refund::Uncounted,
+        }
+    );
 }
 
 #[test]
@@ -219,12 +261,24 @@ fn a_call_that_never_started_gives_the_key_back() {
     let v = judge(&first(), Ran::Skipped(Skip::Paused(after)), &opts());
     assert_eq!(v.outcome, Outcome::Paused);
     assert_eq!(v.action, Action::Postpone { after });
-    assert!(matches!(v.finish, Finish::Release { refund: true, .. }));
+    assert!(matches!(
+        v.finish,
+        Finish::Release {
+            refund: Refund::Unsent,
+            ..
+        }
+    ));
     let uncertain = Facts {
         uncertain: true,
         ..first()
     };
     let v = judge(&uncertain, Ran::Skipped(Skip::LeaseInDoubt), &opts());
     assert_eq!(v.outcome, Outcome::LeaseLost);
-    assert!(matches!(v.finish, Finish::Unknown { refund: true, .. }));
+    assert!(matches!(
+        v.finish,
+        Finish::Unknown {
+            refund: Refund::Unsent,
+            ..
+        }
+    ));
 }

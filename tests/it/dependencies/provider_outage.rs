@@ -8,6 +8,7 @@
 use super::common::{calls, set, status, KafkaRun, Run, Transport, TENANT};
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store};
+use dedupq::identity::{IdempotencyKey, Identity, Tenant};
 use dedupq_provider::Knobs;
 use serde_json::json;
 use std::time::Duration;
@@ -141,5 +142,78 @@ async fn kafka_a_500_replayed_for_a_charged_key_holds_it_unknown_and_never_store
             .await,
         0.0
     );
+    dedupq.kill();
+}
+
+/// A probe is a real request: the provider may charge it. Here the probe
+/// is charged and never answered (the handler times out), and the
+/// provider does not honour keys, so the retry that settles the key
+/// charges again, which no client can prevent with such a provider. What
+/// dedupq must keep: the probe's attempt is not counted, yet keeps its
+/// number, so the two requests of the key carry different
+/// `X-Dedupq-Attempt`s and `attempts` counts both. (Given back as a
+/// probe's attempt once was, the retry carried the probe's number, and
+/// the provider saw one attempt charge twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_charged_without_an_answer_keeps_its_attempt_number_and_the_retry_carries_the_next()
+{
+    let (store, store_settings) = isolated_store().await;
+    // Every request refused with a 503 and `Retry-After: 1`, nothing
+    // charged: intake pauses at the first.
+    let provider = Provider::start(Knobs {
+        fail_rate: 1.0,
+        fail_retry_after: true,
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let mut base = base_config(&store_settings, &provider);
+    set(&mut base, "handler", "timeout", "1s");
+    let run = KafkaRun::start("probe", 1, &base).await;
+    run.pay(0, TENANT, "pay-0", 0).await;
+    eventually(Duration::from_secs(20), "intake paused", || async {
+        (run.dedupq.metric("dedupq_handler_paused").await == 1.0).then_some(())
+    })
+    .await;
+    // The next request, a probe, is charged and never answered.
+    provider
+        .set_knobs(json!({ "fail_rate": 0.0, "hang_after_charge_next": 1 }))
+        .await;
+    eventually(Duration::from_secs(40), "pay-0 settled", || async {
+        (status(&store, "pay-0").await.as_deref() == Some("done")).then_some(())
+    })
+    .await;
+
+    let charges = provider.charges_for(&format!("{TENANT}:pay-0")).await;
+    assert_eq!(
+        charges.len(),
+        2,
+        "the probe's charge and the retry's: {charges:?}"
+    );
+    let attempts: Vec<i32> = charges.iter().map(|c| c.attempt.unwrap_or(0)).collect();
+    assert_ne!(
+        attempts[0], attempts[1],
+        "two requests of one key carried the same attempt number"
+    );
+    let row = store
+        .show_key(&Identity {
+            tenant: Tenant::parse(TENANT.as_bytes()).unwrap(),
+            key: IdempotencyKey::parse(b"pay-0").unwrap(),
+        })
+        .await
+        .unwrap()
+        .expect("the key's row");
+    assert!(
+        attempts.iter().all(|a| *a >= 1 && *a <= row.attempts),
+        "attempts {attempts:?} beyond the key's {} requests",
+        row.attempts
+    );
+    assert!(
+        row.uncounted_attempts >= 1,
+        "the failed probe is not counted: {row:?}"
+    );
+    run.wait_committed_to_end(Duration::from_secs(30)).await;
+    assert_eq!(run.dedupq.metric("dedupq_dead_letters_total").await, 0.0);
+    let mut dedupq = run.dedupq;
     dedupq.kill();
 }

@@ -172,12 +172,16 @@ FROM generate_series(1, 50) AS g;
     paid
 }
 
-/// Every column of every key row and audit line, as text, in key order.
+/// Every column of every key row and audit line, as text, in key order
+/// (a key row without `uncounted_attempts`, which migration 0007 adds
+/// after the ones these tests are about).
 async fn snapshot(pool: &PgPool) -> (Vec<String>, Vec<String>) {
-    let keys = sqlx::query_scalar("SELECT k::text FROM dedupq_keys k ORDER BY tenant, key")
-        .fetch_all(pool)
-        .await
-        .unwrap();
+    let keys = sqlx::query_scalar(
+        "SELECT (to_jsonb(k) - 'uncounted_attempts')::text FROM dedupq_keys k ORDER BY tenant, key",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     let audit = sqlx::query_scalar("SELECT a::text FROM dedupq_key_audit a ORDER BY id")
         .fetch_all(pool)
         .await
@@ -225,7 +229,16 @@ async fn schema_at_0004(schema: &str) -> (Store, Vec<Incoming>) {
         (None, 0),
         "0004's table"
     );
+    // The engine of this build writes the rows, and it needs the column
+    // migration 0007 adds; the table of an earlier release had none, so
+    // it goes again before the table is migrated.
+    let column = |change: &str| {
+        format!("ALTER TABLE \"{schema}\".dedupq_keys {change} COLUMN uncounted_attempts")
+    };
+    let add = column("ADD") + " integer NOT NULL DEFAULT 0";
+    store.pool().execute(add.as_str()).await.unwrap();
     let paid = fill(&store).await;
+    store.pool().execute(column("DROP").as_str()).await.unwrap();
     (store, paid)
 }
 

@@ -30,6 +30,7 @@ async fn a_crashed_workers_key_is_taken_over_after_the_lease_and_its_late_write_
         Claim {
             epoch: Epoch(1),
             attempts: 1,
+            counted: 1,
             uncertain: false,
             stored_request: None,
             age: Duration::ZERO,

@@ -7,7 +7,7 @@ use crate::support::{claim_request, cli, isolated_store, message};
 use dedupq::config::StoreSettings;
 use dedupq::engine::Parser;
 use dedupq::identity::Identity;
-use dedupq::store::{ClaimResult, Finish, FinishWrite, Store};
+use dedupq::store::{ClaimResult, Finish, FinishWrite, Refund, Store};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ async fn keys_settle_under_a_cli_clock_30s_slow_settles_an_unknown_key_whose_lea
     let unknown = Finish::Unknown {
         error: "provider timed out".into(),
         hold: false,
-        refund: false,
+        refund: Refund::No,
     };
     let landed = store
         .finish_batch(&[FinishWrite {

@@ -1,0 +1,12 @@
+-- Attempts that sent a request but do not count towards
+-- engine.max_attempts: a fault, a 409 for a request still running, a
+-- probe that found the provider still down. Before, such an attempt gave
+-- its number back (attempts - 1), so the next request of the key carried
+-- the same X-Dedupq-Attempt as one that had gone out, and `attempts` no
+-- longer counted the requests sent. Now `attempts` counts every attempt
+-- that sent a request (an attempt that sent none still gives its number
+-- back), and this column the ones among them that do not count: the
+-- limit applies to attempts - uncounted_attempts.
+--
+-- A constant default: PostgreSQL adds the column without rewriting a row.
+ALTER TABLE dedupq_keys ADD COLUMN IF NOT EXISTS uncounted_attempts integer NOT NULL DEFAULT 0;
