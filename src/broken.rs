@@ -34,11 +34,15 @@ pub(crate) enum Break {
     /// A queued handler call starts without checking that its lease is
     /// still this worker's.
     NoLeaseCheck,
+    /// An attempt whose request went out but does not count (a failed
+    /// probe, a fault, a 409) gives its number back, so the next request
+    /// of the key carries the same `X-Dedupq-Attempt`.
+    SentAttemptGivenBack,
 }
 
 #[cfg(feature = "broken")]
 impl Break {
-    const ALL: [(&'static str, Break); 7] = [
+    const ALL: [(&'static str, Break); 8] = [
         ("no-fencing", Break::NoFencing),
         ("claim-after-work", Break::ClaimAfterWork),
         ("no-upkeep-lock", Break::NoUpkeepLock),
@@ -46,6 +50,7 @@ impl Break {
         ("no-migrate-lock", Break::NoMigrateLock),
         ("no-trace-propagation", Break::NoTracePropagation),
         ("no-lease-check", Break::NoLeaseCheck),
+        ("sent-attempt-given-back", Break::SentAttemptGivenBack),
     ];
 }
 
