@@ -531,8 +531,8 @@ async fn remove_broker_objects(opts: &Options, names: &Names) {
         let admin: AdminClient<DefaultClientContext> =
             dedupq::broker::kafka::admin(&dedupq::config::KafkaSettings::at(&opts.brokers))
                 .create()?;
-        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        for result in admin.delete_topics(&names, &AdminOptions::new()).await? {
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        for result in admin.delete_topics(&topics, &AdminOptions::new()).await? {
             if let Err((topic, e)) = result {
                 // A topic that never got a message (no dead letters) was
                 // never created.
