@@ -107,8 +107,9 @@ pub enum KeysCommand {
         #[command(flatten)]
         actor: ActorArg,
     },
-    /// Record what the provider says about a key whose outcome is unknown:
-    /// duplicates replay it from then on. Writes an audit row.
+    /// Record what the provider says about a key whose outcome is unknown,
+    /// or that is in progress past its lease: duplicates replay it from
+    /// then on. Writes an audit row.
     Settle {
         tenant: String,
         key: String,

@@ -158,11 +158,17 @@ pub async fn run_keys(
                 Repaired::Done(before) => {
                     let to = if done { "done" } else { "failed" };
                     tracing::warn!(tenant, key, reason, actor, to, "key settled by operator");
-                    writeln!(out, "settled {id} as {to} (was unknown at epoch {})", before.epoch)?;
+                    writeln!(
+                        out,
+                        "settled {id} as {to} (was {} at epoch {})",
+                        before.status.as_str(),
+                        before.epoch
+                    )?;
                 }
                 Repaired::Absent => bail!("no key {key} for tenant {tenant}"),
                 Repaired::Refused(row) => bail!(
-                    "{id} is {} (lease until {:?}): only an unknown key that no worker holds can be settled",
+                    "{id} is {} (lease until {:?}): only a key that is unknown, or in progress \
+                     past its lease, and that no worker holds can be settled",
                     row.status.as_str(),
                     row.lease_until
                 ),

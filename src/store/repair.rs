@@ -99,7 +99,11 @@ impl Store {
     }
 
     /// Records what the provider says about a key whose outcome is
-    /// unknown (and no worker holds): duplicates then replay it.
+    /// unknown, or that is in progress past its lease (its worker gone
+    /// and no delivery left to take it over, as after a crash whose
+    /// client never retried or a failover that lost the outcome): no
+    /// worker may hold it. Duplicates then replay it, and the epoch moves
+    /// on, so a worker that held it once can write nothing more to it.
     pub async fn settle_key(
         &self,
         id: &Identity,
@@ -111,7 +115,8 @@ impl Store {
         let Some((before, lease_live)) = locked(&mut tx, id).await? else {
             return Ok(Repaired::Absent);
         };
-        if before.status != KeyStatus::Unknown || lease_live {
+        let open = matches!(before.status, KeyStatus::Unknown | KeyStatus::InProgress);
+        if !open || lease_live {
             return Ok(Repaired::Refused(Box::new(before)));
         }
         let (status, code, body) = match settlement {
@@ -122,7 +127,7 @@ impl Store {
             "UPDATE dedupq_keys SET status = $3, result_status = $4, result_body = $5, \
              result_content_type = 'application/json', lease_until = NULL, \
              attempt_open = false, uncertain_since = NULL, completed_at = now(), \
-             updated_at = now() WHERE tenant = $1 AND key = $2",
+             epoch = epoch + 1, updated_at = now() WHERE tenant = $1 AND key = $2",
         )
         .bind(id.tenant.as_str())
         .bind(id.key.as_str())

@@ -131,3 +131,108 @@ async fn the_audit_actor_is_the_flag_then_user_then_the_host_name() {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(actors, ["alice", "bob", host.trim()]);
 }
+
+/// A key left `in_progress` past its lease with no delivery to come (a
+/// sync request whose process died and whose client never retried, an
+/// outcome a failover lost) used to stay stuck: `keys settle` took only
+/// `unknown` keys. It now settles one whose lease has ended, refuses one
+/// whose lease is live, and moves the epoch on, so the worker that held
+/// it can write nothing more.
+#[tokio::test]
+async fn keys_settle_takes_a_key_in_progress_past_its_lease_and_fences_its_old_worker() {
+    use dedupq::config::IdentitySettings;
+    use dedupq::engine::Parser;
+    use dedupq::store::{Answer, ClaimResult, Finish, FinishWrite, KeyStatus, Written};
+
+    let (store, settings) = support::isolated_store().await;
+    let config = config(&settings);
+    let claim = |key: &'static str, lease: std::time::Duration| {
+        let store = store.clone();
+        async move {
+            let msg = support::message("acme", key, r#"{"amount": 5}"#);
+            let parsed = Parser::new(&IdentitySettings::default())
+                .parse(&msg)
+                .unwrap();
+            let request = support::claim_request(&parsed, &msg);
+            let won = store.claim_batch(&[request], "gone", lease).await.unwrap();
+            let [ClaimResult::Won(won)] = &won[..] else {
+                panic!("a new key is won: {won:?}");
+            };
+            (parsed.identity, won.epoch)
+        }
+    };
+    let (ended, old_epoch) = claim("ended-1", std::time::Duration::from_secs(1)).await;
+    let (live, _) = claim("live-1", std::time::Duration::from_secs(600)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    let settle = |key: &str| {
+        cli::run(
+            &config,
+            &[
+                "keys",
+                "settle",
+                "acme",
+                key,
+                "--done",
+                "--result",
+                r#"{"id":"ch_9"}"#,
+                "--reason",
+                "INC-9: provider shows ch_9",
+            ],
+            &[],
+        )
+    };
+    let refused = settle("live-1");
+    assert_ne!(
+        refused.code, 0,
+        "a live lease: its worker may be calling now"
+    );
+    assert!(refused.stderr.contains("in_progress"), "{}", refused.stderr);
+    let row = store.show_key(&live).await.unwrap().unwrap();
+    assert_eq!(row.status, KeyStatus::InProgress);
+
+    let settled = settle("ended-1");
+    assert_eq!(settled.code, 0, "{}", settled.stderr);
+    assert!(
+        settled.stdout.contains("was in_progress"),
+        "{}",
+        settled.stdout
+    );
+    let row = store.show_key(&ended).await.unwrap().unwrap();
+    assert_eq!(row.status, KeyStatus::Done);
+    assert_eq!(
+        row.result_body.map(|b| b.get().to_string()).as_deref(),
+        Some(r#"{"id":"ch_9"}"#)
+    );
+    assert!(row.epoch > old_epoch.0, "the epoch moves on");
+
+    let late = store
+        .finish_batch(&[FinishWrite {
+            identity: &ended,
+            epoch: old_epoch,
+            finish: Finish::Done(Answer {
+                status: 201,
+                body: br#"{"id":"ch_other"}"#.to_vec(),
+                content_type: None,
+            }),
+            at: None,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        vec![Written::Fenced],
+        "the old worker's answer must not land"
+    );
+    let row = store.show_key(&ended).await.unwrap().unwrap();
+    assert_eq!(
+        row.result_body.map(|b| b.get().to_string()).as_deref(),
+        Some(r#"{"id":"ch_9"}"#)
+    );
+    let actions: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM dedupq_key_audit ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(actions, ["settle_done"]);
+}
