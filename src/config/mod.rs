@@ -22,7 +22,7 @@ pub use handler::{HandlerKind, HandlerRoute, HandlerSettings, SecretValue};
 pub use kafka::KafkaSettings;
 pub use retention::{Keep, RetentionSettings};
 pub use secret::{is_secret_name, redact_url, SecretUrl};
-pub use store::{check_schema_name, MigrateMode, StoreSettings};
+pub use store::{check_schema_name, MigrateMode, StoreSettings, SynchronousCommit};
 pub use telemetry::{OtlpProtocol, TelemetrySettings};
 
 use crate::fingerprint::FingerprintSpec;

@@ -40,6 +40,62 @@ impl MigrateMode {
     }
 }
 
+/// How durably a commit of dedupq's is acknowledged: PostgreSQL's
+/// `synchronous_commit`, set on every session dedupq opens, whatever the
+/// server's, database's or role's default. `off` and `local` are not
+/// offered: with `off` a crash of PostgreSQL forgets commits it already
+/// acknowledged, and with `local` a failover to a synchronous standby
+/// does; either way a stored outcome whose message was already committed
+/// or acked would be gone, and a redelivery of that key would run its
+/// payment again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", try_from = "String")]
+pub enum SynchronousCommit {
+    /// The commit is flushed to disk, and to the synchronous standbys
+    /// `synchronous_standby_names` names, if any.
+    #[default]
+    On,
+    /// As `on`, but a synchronous standby acknowledges once it has written
+    /// the commit, before it flushes it.
+    RemoteWrite,
+    /// As `on`, and a synchronous standby has applied the commit, so a
+    /// read from it sees the row.
+    RemoteApply,
+}
+
+impl TryFrom<String> for SynchronousCommit {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.as_str() {
+            "on" => Ok(SynchronousCommit::On),
+            "remote_write" => Ok(SynchronousCommit::RemoteWrite),
+            "remote_apply" => Ok(SynchronousCommit::RemoteApply),
+            "off" | "local" => Err(format!(
+                "`{value}` is refused: PostgreSQL would acknowledge commits that a {} \
+                 can take back, and a payment whose outcome was stored (its message \
+                 committed or acked) could then run again; use `on`, `remote_write` \
+                 or `remote_apply`",
+                if value == "off" { "crash" } else { "failover" }
+            )),
+            other => Err(format!(
+                "`{other}` is not one of `on`, `remote_write`, `remote_apply`"
+            )),
+        }
+    }
+}
+
+impl SynchronousCommit {
+    /// The value as PostgreSQL (and `store.synchronous_commit`) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousCommit::On => "on",
+            SynchronousCommit::RemoteWrite => "remote_write",
+            SynchronousCommit::RemoteApply => "remote_apply",
+        }
+    }
+}
+
 /// `[store]`: the PostgreSQL that holds the key table.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -81,6 +137,11 @@ pub struct StoreSettings {
     /// when that migration runs: changing it afterwards does nothing (the
     /// partitions exist). `dedupq migrate --partitions N` overrides it.
     pub partitions: u32,
+    /// `store.synchronous_commit` (default `on`; `remote_write`,
+    /// `remote_apply`): set on each of dedupq's sessions, so a default of
+    /// `off` or `local` on the server, the database or the role never
+    /// applies to what dedupq stores.
+    pub synchronous_commit: SynchronousCommit,
 }
 
 impl Default for StoreSettings {
@@ -94,6 +155,7 @@ impl Default for StoreSettings {
             acquire_timeout: Duration::from_secs(3),
             lock_timeout: Duration::from_secs(1),
             partitions: DEFAULT_PARTITIONS,
+            synchronous_commit: SynchronousCommit::On,
         }
     }
 }
@@ -183,6 +245,26 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn synchronous_commit_takes_only_the_durable_levels() {
+        for (text, level) in [
+            ("on", SynchronousCommit::On),
+            ("remote_write", SynchronousCommit::RemoteWrite),
+            ("remote_apply", SynchronousCommit::RemoteApply),
+        ] {
+            assert_eq!(SynchronousCommit::try_from(text.to_string()), Ok(level));
+            assert_eq!(level.as_str(), text);
+        }
+        for (bad, says) in [
+            ("off", "crash"),
+            ("local", "failover"),
+            ("ON", "not one of"),
+        ] {
+            let e = SynchronousCommit::try_from(bad.to_string()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn plain_and_mixed_case_schema_names_are_accepted() {

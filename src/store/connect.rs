@@ -135,6 +135,10 @@ impl Store {
         let lock_timeout = format!("{}ms", settings.lock_timeout.as_millis().max(1));
         options = options.options([("lock_timeout", lock_timeout)]);
         options = options.options(PLANNER);
+        // Set here, so no default of the server, the database or the role
+        // (`ALTER ROLE … SET synchronous_commit = off`) decides whether an
+        // acknowledged commit of dedupq's survives a crash or a failover.
+        options = options.options([("synchronous_commit", settings.synchronous_commit.as_str())]);
         let guard = Guard::new(settings.max_connections);
         let fresh = guard.clone();
         let pool = PgPoolOptions::new()

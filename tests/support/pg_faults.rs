@@ -279,7 +279,9 @@ impl FaultyRole {
         self.admin.execute(sql.as_str()).await.expect("alter role");
     }
 
-    async fn set(&self, setting: &str, value: Option<&str>) {
+    /// The role's default for `setting` in its new sessions (None: reset),
+    /// as `ALTER ROLE … SET` gives it.
+    pub async fn set(&self, setting: &str, value: Option<&str>) {
         let sql = match value {
             Some(v) => format!("ALTER ROLE {} SET {setting} = '{v}'", self.name),
             None => format!("ALTER ROLE {} RESET {setting}", self.name),

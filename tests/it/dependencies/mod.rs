@@ -8,6 +8,7 @@
 mod common;
 mod connections;
 mod disk_full;
+mod durable_commits;
 mod faults;
 mod paused_worker;
 mod provider_outage;
