@@ -378,11 +378,9 @@ impl Store {
         lease: Duration,
     ) -> Result<Vec<ClaimResult>, StoreError> {
         let input = ClaimInput::new(requests);
-        let rows = input
-            .bind(sqlx::query(claim_sql()), owner, lease)
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
+        let rows = self
+            .rows(|| input.bind(sqlx::query(claim_sql()), owner, lease))
+            .await?;
         input.results(requests, &rows)
     }
 }

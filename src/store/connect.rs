@@ -3,8 +3,9 @@
 
 use super::StoreError;
 use crate::config::{check_schema_name, StoreSettings};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,6 +85,11 @@ struct Guard {
     /// before then are closed instead of reused, since a session stays on
     /// a standby (or read-only) for as long as it lives.
     read_only_since: Mutex<Option<Instant>>,
+    /// When a statement last found its session over (the server restarted
+    /// or ended an idle session, the connection broke): connections idle
+    /// since before then may be over too, and are closed instead of
+    /// reused. Those used after it have shown they are alive.
+    ended_since: Mutex<Option<Instant>>,
 }
 
 impl Guard {
@@ -96,6 +102,7 @@ impl Guard {
             claims: Semaphore::new(max - reserved),
             claim_lanes: max - reserved,
             read_only_since: Mutex::new(None),
+            ended_since: Mutex::new(None),
         })
     }
 
@@ -107,6 +114,13 @@ impl Guard {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         since.is_none_or(|t| age < t.elapsed())
+    }
+
+    /// Whether a connection idle for `idle_for` was used after the last
+    /// session found over (or there was none).
+    fn used_since_an_end(&self, idle_for: Duration) -> bool {
+        let since = *self.ended_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.is_none_or(|t| idle_for < t.elapsed())
     }
 }
 
@@ -154,9 +168,12 @@ impl Store {
             .test_before_acquire(false)
             // After a read-only answer, connections opened before it are
             // replaced: a failover's new primary is found by reconnecting.
-            // A check of their age only, no round trip.
+            // After a session found over, those idle since then are: the
+            // server's restart or idle_session_timeout ended them all, and
+            // each would fail one statement otherwise. A check of their age
+            // and idle time only, no round trip.
             .before_acquire(move |_, meta| {
-                let keep = fresh.still_good(meta.age);
+                let keep = fresh.still_good(meta.age) && fresh.used_since_an_end(meta.idle_for);
                 Box::pin(async move { Ok(keep) })
             })
             .connect_lazy_with(options);
@@ -209,14 +226,51 @@ impl Store {
     }
 
     /// Notes an error met by a statement: after a read-only answer, the
-    /// pool's connections are replaced as they are next taken.
+    /// pool's connections are replaced as they are next taken; after a
+    /// session found over, those that sat idle since.
     pub(super) fn saw(&self, e: &StoreError) {
+        let mark = |at: &Mutex<Option<Instant>>| {
+            *at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        };
         if e.is_read_only() {
-            *self
-                .guard
-                .read_only_since
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            mark(&self.guard.read_only_since);
+        }
+        if e.session_ended() {
+            mark(&self.guard.ended_since);
+        }
+    }
+
+    /// Passes a statement's error on, after noting what it says about the
+    /// server (a read-only one has its connections replaced).
+    pub(super) fn noted(&self, e: sqlx::Error) -> StoreError {
+        let e = StoreError::from(e);
+        self.saw(&e);
+        e
+    }
+
+    /// Runs the statement `query` builds, and runs it once more if it
+    /// never ran because its connection's session had already ended
+    /// ([`StoreError::never_ran`]): a session the server ended for sitting
+    /// idle in the pool is not an outage, and a request must not be
+    /// refused for it. The second run takes another connection (the idle
+    /// ones of that moment are replaced, see [`Store::saw`]).
+    pub(super) async fn rows<'q>(
+        &self,
+        query: impl Fn() -> Query<'q, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        match query()
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| self.noted(e))
+        {
+            Err(e) if e.never_ran() => {
+                tracing::debug!(error = %e, "the session had ended before the statement; running it again");
+                query()
+                    .fetch_all(self.pool())
+                    .await
+                    .map_err(|e| self.noted(e))
+            }
+            done => done,
         }
     }
 
@@ -267,14 +321,16 @@ impl Store {
     /// A pool that times out is [explained](Self::explained), so `/readyz`
     /// names what an operator can fix.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let read_only: String =
-            match sqlx::query_scalar("SELECT current_setting('transaction_read_only')")
-                .fetch_one(&self.pool)
-                .await
-            {
-                Ok(value) => value,
-                Err(e) => return Err(self.explained(e.into()).await),
-            };
+        let rows = self
+            .rows(|| sqlx::query("SELECT current_setting('transaction_read_only')"))
+            .await;
+        let read_only: String = match rows {
+            Ok(rows) => match rows.first() {
+                Some(row) => row.try_get(0)?,
+                None => return Err(sqlx::Error::RowNotFound.into()),
+            },
+            Err(e) => return Err(self.explained(e).await),
+        };
         if read_only == "on" {
             let e = StoreError::ReadOnly;
             self.saw(&e);

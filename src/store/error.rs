@@ -147,6 +147,35 @@ impl StoreError {
         self.sqlstate().as_deref() == Some(READ_ONLY)
     }
 
+    /// The statement never ran, so running it again on another connection
+    /// is safe whatever it writes: PostgreSQL had ended the session for
+    /// sitting idle before the statement arrived (`idle_session_timeout`,
+    /// SQLSTATE 57P05), or the connection was already closed when the
+    /// statement was written (a broken pipe: the server cannot have read
+    /// it whole).
+    pub fn never_ran(&self) -> bool {
+        match self {
+            StoreError::Unavailable(sqlx::Error::Io(io)) => {
+                io.kind() == std::io::ErrorKind::BrokenPipe
+            }
+            e => e.sqlstate().as_deref() == Some(IDLE_SESSION_TIMEOUT),
+        }
+    }
+
+    /// The statement's session is over: the server ended it (shut down,
+    /// restarted, terminated it, or found it idle too long) or the
+    /// connection broke. The pool's other connections that sat idle
+    /// meanwhile may be gone as well.
+    pub fn session_ended(&self) -> bool {
+        match self {
+            StoreError::Unavailable(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => true,
+            e => e.sqlstate().is_some_and(|c| {
+                c.starts_with("08")
+                    || matches!(c.as_str(), "57P01" | "57P02" | IDLE_SESSION_TIMEOUT)
+            }),
+        }
+    }
+
     /// PostgreSQL refused to let the configured role in: SQLSTATE class 28
     /// (`invalid_password`, `invalid_authorization_specification`: no such
     /// role, no `pg_hba.conf` entry, peer authentication failed).
@@ -161,6 +190,8 @@ const INVALID_AUTHORIZATION: &str = "28";
 
 /// `read_only_sql_transaction`.
 const READ_ONLY: &str = "25006";
+/// `idle_session_timeout`: the server ended a session that sat idle.
+const IDLE_SESSION_TIMEOUT: &str = "57P05";
 /// `lock_not_available`: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// `query_canceled`: `statement_timeout` ran out (or a cancel request).
@@ -239,9 +270,11 @@ impl From<sqlx::Error> for StoreError {
                 // violation (a racing insert of the same key): the same
                 // statement may be run again.
                 Some("40P01") | Some("40001") | Some("23505") => StoreError::Contention(e),
-                // admin_shutdown, crash_shutdown, cannot_connect_now, connection_* (08…)
+                // admin_shutdown, crash_shutdown, cannot_connect_now,
+                // idle_session_timeout, connection_* (08…)
                 Some(code)
-                    if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03") =>
+                    if code.starts_with("08")
+                        || matches!(code, "57P01" | "57P02" | "57P03" | IDLE_SESSION_TIMEOUT) =>
                 {
                     StoreError::Unavailable(e)
                 }
@@ -260,6 +293,25 @@ impl From<sqlx::Error> for StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_connection_closed_before_the_statement_was_written_proves_it_never_ran() {
+        let io = |kind| StoreError::from(sqlx::Error::Io(std::io::Error::from(kind)));
+        let pipe = io(std::io::ErrorKind::BrokenPipe);
+        assert!(pipe.never_ran() && pipe.session_ended());
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::UnexpectedEof,
+        ] {
+            // The server may have run (and committed) it before the
+            // connection broke: ended, but not known to be unrun.
+            let e = io(kind);
+            assert!(!e.never_ran() && e.session_ended(), "{kind:?}");
+        }
+        let timed_out = StoreError::from(sqlx::Error::PoolTimedOut);
+        assert!(!timed_out.never_ran() && !timed_out.session_ended());
+        assert!(!StoreError::ReadOnly.never_ran());
+    }
 
     #[test]
     fn every_class_a_code_can_get_is_initialised() {

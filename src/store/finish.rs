@@ -347,11 +347,9 @@ impl Store {
 
     async fn finish_statement(&self, writes: &[&FinishWrite<'_>]) -> Result<Vec<bool>, StoreError> {
         let input = FinishInput::new(writes);
-        let rows = input
-            .bind(sqlx::query(finish_sql(Reach::of(writes.len()))))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
+        let rows = self
+            .rows(|| input.bind(sqlx::query(finish_sql(Reach::of(writes.len())))))
+            .await?;
         let mut landed = vec![false; writes.len()];
         for row in rows {
             input.landed(row.try_get("ord")?, &mut landed)?;

@@ -30,12 +30,9 @@ impl Store {
     pub async fn locked_rows(&self, ids: &[&Identity]) -> Result<Vec<bool>, StoreError> {
         let tenants: Vec<&str> = ids.iter().map(|id| id.tenant.as_str()).collect();
         let keys: Vec<&str> = ids.iter().map(|id| id.key.as_str()).collect();
-        let rows = sqlx::query(LOCKED_SQL)
-            .bind(&tenants)
-            .bind(&keys)
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
+        let rows = self
+            .rows(|| sqlx::query(LOCKED_SQL).bind(&tenants).bind(&keys))
+            .await?;
         let mut locked = vec![false; ids.len()];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;
@@ -109,14 +106,6 @@ impl Store {
             }
         }
         Ok(finish(out, &locked))
-    }
-
-    /// Passes a statement's error on, after noting what it says about the
-    /// server (a read-only one has its connections replaced).
-    pub(super) fn noted(&self, e: sqlx::Error) -> StoreError {
-        let e = StoreError::from(e);
-        self.saw(&e);
-        e
     }
 }
 

@@ -43,17 +43,19 @@ impl KeyState {
 impl Store {
     /// The key's state, or None when it was never claimed (or was purged).
     pub async fn lookup(&self, id: &Identity) -> Result<Option<KeyState>, StoreError> {
-        let Some(row) = sqlx::query(LOOKUP_SQL)
-            .bind(id.tenant.as_str())
-            .bind(id.key.as_str())
-            .fetch_optional(self.pool())
-            .await?
-        else {
+        let rows = self
+            .rows(|| {
+                sqlx::query(LOOKUP_SQL)
+                    .bind(id.tenant.as_str())
+                    .bind(id.key.as_str())
+            })
+            .await?;
+        let Some(row) = rows.first() else {
             return Ok(None);
         };
         let status = KeyStatus::parse(row.try_get("status")?)?;
         let result = match status {
-            KeyStatus::Done | KeyStatus::Failed => Some(StoredResult::from_row(&row, status)?),
+            KeyStatus::Done | KeyStatus::Failed => Some(StoredResult::from_row(row, status)?),
             KeyStatus::InProgress | KeyStatus::Unknown => None,
         };
         Ok(Some(KeyState {

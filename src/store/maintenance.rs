@@ -93,14 +93,15 @@ impl Store {
         let tenants: Vec<&str> = order.iter().map(|&i| claims[i].0.tenant.as_str()).collect();
         let keys: Vec<&str> = order.iter().map(|&i| claims[i].0.key.as_str()).collect();
         let epochs: Vec<i64> = order.iter().map(|&i| claims[i].1 .0).collect();
-        let rows = sqlx::query(RENEW_SQL)
-            .bind(&tenants)
-            .bind(&keys)
-            .bind(&epochs)
-            .bind(secs(lease))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
+        let rows = self
+            .rows(|| {
+                sqlx::query(RENEW_SQL)
+                    .bind(&tenants)
+                    .bind(&keys)
+                    .bind(&epochs)
+                    .bind(secs(lease))
+            })
+            .await?;
         let mut held = vec![false; claims.len()];
         for row in rows {
             let ord: i64 = row.try_get("ord")?;
@@ -116,15 +117,21 @@ impl Store {
             .bind(secs(older_than))
             .bind(limit)
             .execute(self.pool())
-            .await?;
+            .await
+            .map_err(|e| self.noted(e))?;
         Ok(done.rows_affected())
     }
 
     /// A connection of its own, outside the pool, to hold the upkeep lock:
     /// a session lock lives exactly as long as its connection, so the lock
-    /// goes with the process whichever way it ends.
+    /// goes with the process whichever way it ends. It sits idle between
+    /// rounds on purpose, so an `idle_session_timeout` of the server or
+    /// the role does not apply to it (it would end the leadership with
+    /// every idle spell, and the replicas would take turns).
     pub async fn dedicated_connection(&self) -> Result<PgConnection, StoreError> {
-        let options = self.pool().connect_options();
+        let options = (*self.pool().connect_options())
+            .clone()
+            .options([("idle_session_timeout", "0")]);
         Ok(PgConnection::connect_with(&options).await?)
     }
 

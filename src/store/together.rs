@@ -49,16 +49,16 @@ impl Store {
         let claims = ClaimInput::new(requests);
         let writes: Vec<&FinishWrite<'_>> = finishes.iter().collect();
         let finished = FinishInput::new(&writes);
-        let query = claims.bind(
-            sqlx::query(together_sql(Reach::of(finishes.len()))),
-            owner,
-            lease,
-        );
-        let rows = finished
-            .bind(query)
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))?;
+        let rows = self
+            .rows(|| {
+                let query = claims.bind(
+                    sqlx::query(together_sql(Reach::of(finishes.len()))),
+                    owner,
+                    lease,
+                );
+                finished.bind(query)
+            })
+            .await?;
         let mut landed = vec![false; finishes.len()];
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {

@@ -11,6 +11,7 @@ mod crash;
 mod cross_transport;
 mod forwarded;
 mod group_commit;
+mod idle_sessions;
 mod key_routes;
 mod requests;
 mod rotation;
