@@ -83,8 +83,25 @@ pub struct App {
 
 impl App {
     /// Starts with `settings` as given by `settings(..)` and then changed.
-    pub async fn start(settings: Settings) -> Self {
+    /// The API's port was free when `settings(..)` chose it, but another
+    /// test may have bound it since (the application binds it once it
+    /// runs, and a refused bind ends it): then it starts again on
+    /// another port.
+    pub async fn start(mut settings: Settings) -> Self {
         settings.validate().expect("valid test settings");
+        for _ in 0..5 {
+            match Self::try_start(settings.clone()).await {
+                Ok(app) => return app,
+                Err(e) if format!("{e:#}").contains("binding api.listen") => {
+                    settings.api.listen.set_port(free_port());
+                }
+                Err(e) => panic!("the application stopped while starting: {e:#}"),
+            }
+        }
+        panic!("no free port for the API after five tries");
+    }
+
+    async fn try_start(settings: Settings) -> anyhow::Result<Self> {
         let api = settings.api.listen;
         let app = Application::build(settings)
             .await
@@ -94,15 +111,35 @@ impl App {
         let store = app.store().clone();
         let metrics = app.metrics().clone();
         let task = tokio::spawn(app.run_until_stopped());
-        wait_listening(api).await;
-        Self {
+        // Listening, and answering as dedupq does (a problem document for a
+        // path it does not serve), or ended: whoever else holds the port
+        // answers otherwise.
+        let probe = format!("http://{api}/harness-probe");
+        let ours = eventually(Duration::from_secs(30), "the API listens", || async {
+            if task.is_finished() {
+                return Some(false);
+            }
+            let r = reqwest::get(&probe).await.ok()?;
+            let problem = r
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+            problem.then_some(true)
+        })
+        .await;
+        if !ours {
+            shutdown.cancel();
+            task.await.expect("no panic")?;
+            anyhow::bail!("the application ended before its API answered");
+        }
+        Ok(Self {
             base: format!("http://{api}"),
             ops,
             store,
             metrics,
             shutdown,
             task: Some(task),
-        }
+        })
     }
 
     /// A fresh schema, the provider and the default settings, changed by `edit`.

@@ -370,3 +370,24 @@ async fn raw(base: &str, request: &str) -> String {
     }
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// The test harness's own guard: another server took the API's port
+/// between its choice and the application's bind (another test's
+/// listener on an ephemeral port). The harness must not talk to that
+/// server as if it were dedupq (an empty 404 from it failed a webhook
+/// test once); it starts the application again on another port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_never_mistakes_another_server_on_the_apis_port_for_dedupq() {
+    let provider = Provider::start(Knobs::default()).await;
+    let squatter = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let taken = squatter.local_addr().unwrap();
+    let serve = tokio::spawn(async move {
+        let app = axum::Router::new();
+        axum::serve(squatter, app).await.unwrap();
+    });
+    let app = App::with(&provider, |s, _| s.api.listen = taken).await;
+    assert_ne!(app.base, format!("http://{taken}"));
+    let r = app.pay("squat-1", BODY).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    serve.abort();
+}
