@@ -122,6 +122,22 @@ pub struct StoreSettings {
     /// engine pauses and retries.
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
+    /// `store.idle_timeout` (default 2m): a pooled connection idle longer
+    /// than this is closed instead of used. A NAT, load balancer or
+    /// firewall on the way to PostgreSQL may forget an idle flow without
+    /// telling either end, and a statement sent over it then waits for the
+    /// kernel's retransmission timeout (about 15 minutes) before it fails;
+    /// keep this below the shortest idle timeout on the path.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// `store.statement_deadline` (default 30s): how long a claim, finish,
+    /// lease renewal or look-up waits for PostgreSQL's answer before its
+    /// connection is dropped and the statement counts as failed (retried
+    /// like an outage). A server gone without a reset (a host lost in a
+    /// failover, a cut network path) never answers, and the driver has no
+    /// TCP keepalive to find out; longer than `store.lock_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub statement_deadline: Duration,
     /// `store.lock_timeout` (default 1s): how long a claim, finish or lease
     /// renewal waits for a row another transaction holds (an operator's
     /// `SELECT … FOR UPDATE`). Past it, that key alone waits and is tried
@@ -153,6 +169,8 @@ impl Default for StoreSettings {
             migrate: MigrateMode::Auto,
             max_connections: 8,
             acquire_timeout: Duration::from_secs(3),
+            idle_timeout: Duration::from_secs(120),
+            statement_deadline: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(1),
             partitions: DEFAULT_PARTITIONS,
             synchronous_commit: SynchronousCommit::On,
@@ -178,6 +196,25 @@ impl StoreSettings {
                 "store.max_connections",
                 "must be at least 1",
                 "set it to 4..16",
+            ));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "store.idle_timeout",
+                "0 would close every connection before its next statement",
+                "set it to about 2m, below any idle timeout between dedupq and PostgreSQL",
+            ));
+        }
+        if self.statement_deadline <= self.lock_timeout {
+            return Err(ConfigError::new(
+                "store.statement_deadline",
+                format!(
+                    "{} is not longer than store.lock_timeout ({}): a statement waiting for a \
+                     row lock would be cut off as if PostgreSQL were gone",
+                    humantime::format_duration(self.statement_deadline),
+                    humantime::format_duration(self.lock_timeout)
+                ),
+                "set it to about 30s",
             ));
         }
         if self.lock_timeout.is_zero() {
@@ -245,6 +282,26 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_within_the_lock_timeout_or_no_idle_time_is_refused_naming_the_setting() {
+        assert!(StoreSettings::default().validate().is_ok());
+        let cut = StoreSettings {
+            statement_deadline: Duration::from_secs(1),
+            ..StoreSettings::default()
+        };
+        let e = cut.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("store.statement_deadline") && e.contains("lock_timeout"),
+            "{e}"
+        );
+        let none = StoreSettings {
+            idle_timeout: Duration::ZERO,
+            ..StoreSettings::default()
+        };
+        let e = none.validate().unwrap_err().to_string();
+        assert!(e.contains("store.idle_timeout"), "{e}");
+    }
 
     #[test]
     fn synchronous_commit_takes_only_the_durable_levels() {

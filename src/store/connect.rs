@@ -81,6 +81,8 @@ struct Guard {
     claims: Semaphore,
     /// How many claim statements may run at once.
     claim_lanes: usize,
+    /// How long a statement waits for its answer (`store.statement_deadline`).
+    deadline: Duration,
     /// When a statement last met a read-only server: connections opened
     /// before then are closed instead of reused, since a session stays on
     /// a standby (or read-only) for as long as it lives.
@@ -93,7 +95,7 @@ struct Guard {
 }
 
 impl Guard {
-    fn new(max_connections: u32) -> Arc<Self> {
+    fn new(max_connections: u32, deadline: Duration) -> Arc<Self> {
         // A quarter of the pool (at least one connection) is kept from
         // claims; a pool of one shares its connection.
         let max = max_connections.max(1) as usize;
@@ -101,6 +103,7 @@ impl Guard {
         Arc::new(Self {
             claims: Semaphore::new(max - reserved),
             claim_lanes: max - reserved,
+            deadline,
             read_only_since: Mutex::new(None),
             ended_since: Mutex::new(None),
         })
@@ -153,8 +156,9 @@ impl Store {
         // (`ALTER ROLE … SET synchronous_commit = off`) decides whether an
         // acknowledged commit of dedupq's survives a crash or a failover.
         options = options.options([("synchronous_commit", settings.synchronous_commit.as_str())]);
-        let guard = Guard::new(settings.max_connections);
+        let guard = Guard::new(settings.max_connections, settings.statement_deadline);
         let fresh = guard.clone();
+        let idle_timeout = settings.idle_timeout;
         let pool = PgPoolOptions::new()
             // Claims and completions are batched, so a few connections carry
             // a lot of traffic; more only add contention on 2-core hosts.
@@ -170,10 +174,16 @@ impl Store {
             // replaced: a failover's new primary is found by reconnecting.
             // After a session found over, those idle since then are: the
             // server's restart or idle_session_timeout ended them all, and
-            // each would fail one statement otherwise. A check of their age
-            // and idle time only, no round trip.
+            // each would fail one statement otherwise. One idle past
+            // store.idle_timeout is too: a middlebox may have forgotten its
+            // flow, and a statement sent over it would wait for the
+            // kernel's retransmission timeout. A check of their age and
+            // idle time only, no round trip.
+            .idle_timeout(idle_timeout)
             .before_acquire(move |_, meta| {
-                let keep = fresh.still_good(meta.age) && fresh.used_since_an_end(meta.idle_for);
+                let keep = fresh.still_good(meta.age)
+                    && fresh.used_since_an_end(meta.idle_for)
+                    && meta.idle_for < idle_timeout;
                 Box::pin(async move { Ok(keep) })
             })
             .connect_lazy_with(options);
@@ -188,7 +198,10 @@ impl Store {
     /// settings `connect_lazy` applies; the claims still leave a quarter
     /// of its connections free).
     pub fn from_pool(pool: PgPool) -> Self {
-        let guard = Guard::new(pool.options().get_max_connections());
+        let guard = Guard::new(
+            pool.options().get_max_connections(),
+            StoreSettings::default().statement_deadline,
+        );
         Self {
             pool,
             guard,
@@ -258,19 +271,38 @@ impl Store {
         &self,
         query: impl Fn() -> Query<'q, Postgres, PgArguments>,
     ) -> Result<Vec<PgRow>, StoreError> {
-        match query()
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| self.noted(e))
-        {
+        match self.answered(query()).await {
             Err(e) if e.never_ran() => {
                 tracing::debug!(error = %e, "the session had ended before the statement; running it again");
-                query()
-                    .fetch_all(self.pool())
-                    .await
-                    .map_err(|e| self.noted(e))
+                self.answered(query()).await
             }
             done => done,
+        }
+    }
+
+    /// Runs one statement, waiting at most `store.statement_deadline` for
+    /// its answer. Past it the connection is dropped (not returned to the
+    /// pool, whose check of it would wait as long) and the statement fails
+    /// as if the connection had broken: it may or may not have run.
+    async fn answered<'q>(
+        &self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.noted(e))?;
+        match tokio::time::timeout(self.guard.deadline, query.fetch_all(&mut *conn)).await {
+            Ok(answer) => answer.map_err(|e| self.noted(e)),
+            Err(_) => {
+                drop(conn.detach());
+                let gone = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer from PostgreSQL within store.statement_deadline ({}); \
+                         the connection was dropped",
+                        humantime::format_duration(self.guard.deadline)
+                    ),
+                );
+                Err(self.noted(sqlx::Error::Io(gone)))
+            }
         }
     }
 

@@ -68,6 +68,7 @@ pub(super) async fn ensure(
         // The fill's ALTER TABLE and VACUUM wait behind autovacuum, which
         // on one partition of millions of keys runs for minutes.
         lock_timeout: std::time::Duration::from_secs(3600),
+        statement_deadline: std::time::Duration::from_secs(7200),
         ..StoreSettings::default()
     })?;
     store.migrate(Some(schema)).await?;

@@ -10,6 +10,7 @@ mod connections;
 mod disk_full;
 mod durable_commits;
 mod faults;
+mod forgotten_flows;
 mod paused_worker;
 mod provider_outage;
 mod rate_limit;
