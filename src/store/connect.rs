@@ -195,8 +195,9 @@ impl Store {
     }
 
     /// A store over a pool built elsewhere, taken as it is (none of the
-    /// settings `connect_lazy` applies; the claims still leave a quarter
-    /// of its connections free).
+    /// settings `connect_lazy` applies to its connections; the claims
+    /// still leave a quarter of them free, and a statement still waits
+    /// at most the default `store.statement_deadline` for its answer).
     pub fn from_pool(pool: PgPool) -> Self {
         let guard = Guard::new(
             pool.options().get_max_connections(),
