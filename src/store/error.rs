@@ -169,10 +169,7 @@ impl StoreError {
     pub fn session_ended(&self) -> bool {
         match self {
             StoreError::Unavailable(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => true,
-            e => e.sqlstate().is_some_and(|c| {
-                c.starts_with("08")
-                    || matches!(c.as_str(), "57P01" | "57P02" | IDLE_SESSION_TIMEOUT)
-            }),
+            e => e.sqlstate().is_some_and(|c| session_over(&c)),
         }
     }
 
@@ -192,6 +189,13 @@ const INVALID_AUTHORIZATION: &str = "28";
 const READ_ONLY: &str = "25006";
 /// `idle_session_timeout`: the server ended a session that sat idle.
 const IDLE_SESSION_TIMEOUT: &str = "57P05";
+
+/// The SQLSTATEs of a session the server ended: admin_shutdown (a restart,
+/// `pg_terminate_backend`), crash_shutdown, idle_session_timeout, and the
+/// connection exceptions (08…).
+fn session_over(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | IDLE_SESSION_TIMEOUT)
+}
 /// `lock_not_available`: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// `query_canceled`: `statement_timeout` ran out (or a cancel request).
@@ -270,14 +274,9 @@ impl From<sqlx::Error> for StoreError {
                 // violation (a racing insert of the same key): the same
                 // statement may be run again.
                 Some("40P01") | Some("40001") | Some("23505") => StoreError::Contention(e),
-                // admin_shutdown, crash_shutdown, cannot_connect_now,
-                // idle_session_timeout, connection_* (08…)
-                Some(code)
-                    if code.starts_with("08")
-                        || matches!(code, "57P01" | "57P02" | "57P03" | IDLE_SESSION_TIMEOUT) =>
-                {
-                    StoreError::Unavailable(e)
-                }
+                // A session the server ended, or cannot_connect_now (a
+                // server starting up or shutting down).
+                Some(code) if session_over(code) || code == "57P03" => StoreError::Unavailable(e),
                 Some(code) if belongs_to_the_row(code) => StoreError::Rejected(e),
                 // Read-only, timeouts, resources, internal errors, and any
                 // code not known: never final for a payment.
