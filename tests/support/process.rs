@@ -59,6 +59,8 @@ pub struct Dedupq {
     child: Option<Child>,
     config: PathBuf,
     log: PathBuf,
+    /// What the configuration file holds, without its `[http]` section.
+    table: toml::Table,
     pub http: SocketAddr,
     /// Environment of the process (e.g. `DEDUPQ__…` secrets). Inherited
     /// `DEDUPQ__…` variables (scripts/test exports `DEDUPQ__STORE__URL`)
@@ -159,21 +161,30 @@ impl Dedupq {
     fn configure(config: &toml::Table) -> Self {
         let dir = std::env::temp_dir().join(unique("dedupq"));
         std::fs::create_dir_all(&dir).expect("create temp dir");
-        let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut config = config.clone();
-        let mut section = toml::Table::new();
-        section.insert("listen".into(), toml::Value::String(http.to_string()));
-        config.insert("http".into(), toml::Value::Table(section));
-        let path = dir.join("dedupq.toml");
-        std::fs::write(&path, toml::to_string(&config).expect("serialize config"))
-            .expect("write config");
-        Self {
+        let me = Self {
             child: None,
-            config: path,
+            config: dir.join("dedupq.toml"),
             log: dir.join("dedupq.log"),
-            http,
+            table: config.clone(),
+            http: SocketAddr::from(([127, 0, 0, 1], free_port())),
             env: Vec::new(),
-        }
+        };
+        me.write_config();
+        me
+    }
+
+    /// Writes the configuration file: the test's table, with an `[http]`
+    /// section listening on `self.http`.
+    fn write_config(&self) {
+        let mut config = self.table.clone();
+        let mut section = toml::Table::new();
+        section.insert("listen".into(), toml::Value::String(self.http.to_string()));
+        config.insert("http".into(), toml::Value::Table(section));
+        std::fs::write(
+            &self.config,
+            toml::to_string(&config).expect("serialize config"),
+        )
+        .expect("write config");
     }
 
     fn spawn_child(&mut self) {
@@ -199,25 +210,51 @@ impl Dedupq {
         self.child = Some(child);
     }
 
+    /// Starts the process and waits for its /healthz. The port was free
+    /// when it was chosen, but another test may have bound it since (the
+    /// process then ends, naming `http.listen`): then it starts again on
+    /// another port.
     async fn spawn(&mut self) {
-        self.spawn_child();
-        let url = format!("http://{}/healthz", self.http);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = reqwest::get(&url).await {
-                if r.status().is_success() {
-                    return;
-                }
+        for _ in 0..5 {
+            let from = self.log().len();
+            self.spawn_child();
+            if self.healthy().await {
+                return;
             }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            let status = self.exit_status().expect("exited during start-up");
+            let log = self.log();
+            if !log[from..].contains("binding http.listen") {
                 panic!(
                     "dedupq exited with {status} during start-up:\n{}",
                     self.log_tail()
                 );
+            }
+            self.child = None;
+            self.http.set_port(free_port());
+            self.write_config();
+        }
+        panic!("no free port for http.listen after five tries");
+    }
+
+    /// Waits until /healthz answers as dedupq does (200, `ok`) and /metrics
+    /// holds dedupq's series: true; false once the process has exited.
+    /// Whoever else holds the port answers otherwise.
+    async fn healthy(&mut self) -> bool {
+        let url = format!("http://{}/healthz", self.http);
+        let metrics = format!("http://{}/metrics", self.http);
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("http client");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.exit_status().is_some() {
+                return false;
+            }
+            if answers(&client, &url, |b| b == "ok\n").await
+                && answers(&client, &metrics, |b| b.contains("# TYPE dedupq_")).await
+            {
+                return true;
             }
             if tokio::time::Instant::now() > deadline {
                 panic!(
@@ -290,7 +327,8 @@ impl Dedupq {
         (ok, r.text().await.expect("readyz body"))
     }
 
-    /// Starts the same configuration again (same port, same log).
+    /// Starts the same configuration again (same log; same port unless
+    /// another listener took it meanwhile).
     pub async fn restart(&mut self) {
         self.kill();
         self.spawn().await;
@@ -314,6 +352,14 @@ impl Dedupq {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+}
+
+/// Whether `url` answers 200 with a body `body` accepts.
+async fn answers(client: &reqwest::Client, url: &str, body: impl Fn(&str) -> bool) -> bool {
+    match client.get(url).send().await {
+        Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|b| body(&b)),
+        _ => false,
     }
 }
 

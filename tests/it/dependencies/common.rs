@@ -406,7 +406,7 @@ impl AmqpRun {
 
 /// A run on either transport, for the tests that hold on both.
 pub enum Run {
-    Kafka(KafkaRun),
+    Kafka(Box<KafkaRun>),
     Amqp(Box<AmqpRun>),
 }
 
@@ -421,7 +421,7 @@ impl Run {
     /// `name`).
     pub async fn start(transport: Transport, name: &str, base: &toml::Table) -> Self {
         match transport {
-            Transport::Kafka => Run::Kafka(KafkaRun::start(name, 2, base).await),
+            Transport::Kafka => Run::Kafka(Box::new(KafkaRun::start(name, 2, base).await)),
             Transport::Amqp => Run::Amqp(Box::new(AmqpRun::start(base).await)),
         }
     }

@@ -176,3 +176,43 @@ async fn sigterm_while_waiting_for_postgresql_is_a_clean_stop() {
         dedupq.log_tail()
     );
 }
+
+/// The process harness never mistakes another server on dedupq's operator
+/// port for dedupq: with a listener that answers 200 to anything holding
+/// the port when the process starts again, it starts on another port and
+/// its /healthz answers.
+#[tokio::test]
+async fn the_process_harness_moves_off_an_operator_port_another_listener_took() {
+    let (_, store) = support::isolated_store().await;
+    let provider = Provider::start(Knobs::default()).await;
+    let mut dedupq = Dedupq::start(&base_config(&store, &provider)).await;
+    let first = dedupq.http;
+    dedupq.kill();
+
+    let squatter = TcpListener::bind(first).await.expect("take the port");
+    let answering = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = squatter.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+                    .await;
+            });
+        }
+    });
+    dedupq.restart().await;
+    answering.abort();
+
+    assert_ne!(dedupq.http, first, "restarted on the squatted port");
+    let (status, body) = get(&format!("http://{}/healthz", dedupq.http))
+        .await
+        .expect("/healthz answers");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert!(
+        dedupq.log().contains("binding http.listen"),
+        "the refused bind is in the log:\n{}",
+        dedupq.log_tail()
+    );
+}
