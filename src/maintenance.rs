@@ -128,6 +128,7 @@ async fn lead_when_elected(
         // Only the leader exports the key-table gauges, so a former leader's
         // stale numbers never sit beside the new leader's.
         metrics.keys.reset();
+        metrics.keys_abandoned.set(0);
     }
 }
 
@@ -188,7 +189,13 @@ async fn lead(
                 }
             }
             _ = count_unknown.tick() => record_counts(store.count_unknown().await, metrics),
-            _ = count_scanned.tick() => record_counts(store.count_scanned().await, metrics),
+            _ = count_scanned.tick() => match store.count_scanned().await {
+                Ok(scanned) => {
+                    metrics.keys_abandoned.set(scanned.abandoned);
+                    record_counts(Ok(scanned.counts), metrics);
+                }
+                Err(e) => record_counts(Err(e), metrics),
+            },
             _ = purge.tick() => purge_once(store, &mut conn, purging, &mut keep, metrics).await,
         }
     }

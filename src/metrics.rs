@@ -44,6 +44,10 @@ pub struct Inner {
     /// `dedupq_keys{status}`: rows of the key table by status, sampled by
     /// the upkeep leader only.
     pub keys: IntGaugeVec,
+    /// `dedupq_keys_abandoned`: `in_progress` keys whose lease ended over
+    /// [`crate::store::ABANDONED_AFTER`] ago, sampled with `dedupq_keys` by the upkeep
+    /// leader (0 elsewhere).
+    pub keys_abandoned: IntGauge,
     /// `dedupq_keys_purged_total`: finished keys deleted by retention.
     pub keys_purged: IntCounter,
     /// `dedupq_store_errors_total{class}`: key-table statements that
@@ -202,6 +206,11 @@ impl Metrics {
             keys: register!(IntGaugeVec::new(
                 Opts::new("dedupq_keys", "Rows in the key table by status (sampled)"),
                 &["status"]
+            )),
+            keys_abandoned: register!(IntGauge::new(
+                "dedupq_keys_abandoned",
+                "in_progress keys whose lease ended over 15 minutes ago: no worker holds them, \
+                 and no delivery has taken them over (sampled)"
             )),
             keys_purged: register!(IntCounter::new(
                 "dedupq_keys_purged_total",

@@ -127,6 +127,22 @@ pub(super) fn body_for_display(bytes: &[u8]) -> Box<RawValue> {
     })
 }
 
+/// How long after its lease ended an `in_progress` key counts as
+/// abandoned (`dedupq_keys_abandoned`): a crashed worker's message is
+/// redelivered and taken over within a minute or two, so a key left this
+/// long has no delivery coming (a sync request whose client never
+/// retried, an outcome lost in a failover) and needs an operator.
+pub const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// What one scan of the key table counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scanned {
+    /// Rows per status: in_progress, done, failed.
+    pub counts: Vec<(KeyStatus, i64)>,
+    /// `in_progress` rows whose lease ended over [`ABANDONED_AFTER`] ago.
+    pub abandoned: i64,
+}
+
 /// Which keys `keys list` shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyFilter {
@@ -235,26 +251,45 @@ impl Store {
     /// uncertain keys (every unknown key is one): cheap however large the
     /// table is.
     pub async fn count_unknown(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        self.count_where(
-            "SELECT status, count(*) AS n FROM dedupq_keys \
-             WHERE (uncertain_since IS NOT NULL) AND (status = 'unknown') GROUP BY status",
-            &[KeyStatus::Unknown],
-            false,
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM dedupq_keys \
+             WHERE (uncertain_since IS NOT NULL) AND (status = 'unknown')",
         )
-        .await
+        .fetch_one(self.pool())
+        .await?;
+        Ok(vec![(KeyStatus::Unknown, n)])
     }
 
-    /// Row counts of the other statuses (in_progress, done, failed): one
-    /// scan of the whole table (no index tells them apart, so that a finish
-    /// writes none), so call it rarely.
-    pub async fn count_scanned(&self) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        self.count_where(
-            "SELECT status, count(*) AS n FROM dedupq_keys \
-             WHERE status IN ('in_progress', 'done', 'failed') GROUP BY status",
-            &[KeyStatus::InProgress, KeyStatus::Done, KeyStatus::Failed],
-            true,
+    /// Row counts of the other statuses (in_progress, done, failed), and
+    /// of the `in_progress` keys abandoned (lease ended over
+    /// [`ABANDONED_AFTER`] ago): one scan of the whole table (no index
+    /// tells them apart, so that a finish writes none), so call it rarely.
+    pub async fn count_scanned(&self) -> Result<Scanned, StoreError> {
+        let mut tx = self.scanning().await?;
+        let rows = sqlx::query(
+            "SELECT status, count(*) AS n, \
+                    count(*) FILTER (WHERE (status = 'in_progress') \
+                        AND (lease_until < now() - make_interval(secs => $1))) AS abandoned \
+             FROM dedupq_keys WHERE status IN ('in_progress', 'done', 'failed') GROUP BY status",
         )
-        .await
+        .bind(super::secs(ABANDONED_AFTER))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut scanned = Scanned {
+            counts: [KeyStatus::InProgress, KeyStatus::Done, KeyStatus::Failed]
+                .map(|s| (s, 0))
+                .to_vec(),
+            abandoned: 0,
+        };
+        for row in rows {
+            let status = KeyStatus::parse(row.try_get("status")?)?;
+            if let Some(slot) = scanned.counts.iter_mut().find(|(s, _)| *s == status) {
+                slot.1 = row.try_get("n")?;
+            }
+            scanned.abandoned += row.try_get::<i64, _>("abandoned")?;
+        }
+        Ok(scanned)
     }
 
     /// The key table's size on disk, its partitions summed (heap only): what
@@ -276,32 +311,5 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         tx.execute(sqlx::raw_sql(default_planner_sql(true))).await?;
         Ok(tx)
-    }
-
-    /// Counts per status; `scan`: a read of the whole table, planned by
-    /// PostgreSQL's defaults (an index read keeps dedupq's planning).
-    async fn count_where(
-        &self,
-        sql: &'static str,
-        statuses: &[KeyStatus],
-        scan: bool,
-    ) -> Result<Vec<(KeyStatus, i64)>, StoreError> {
-        let rows = if scan {
-            let mut tx = self.scanning().await?;
-            let rows = sqlx::query(sql).fetch_all(&mut *tx).await?;
-            tx.commit().await?;
-            rows
-        } else {
-            sqlx::query(sql).fetch_all(self.pool()).await?
-        };
-        let mut counts: Vec<(KeyStatus, i64)> = statuses.iter().map(|s| (*s, 0)).collect();
-        for row in rows {
-            let status = KeyStatus::parse(row.try_get("status")?)?;
-            let n: i64 = row.try_get("n")?;
-            if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
-                slot.1 = n;
-            }
-        }
-        Ok(counts)
     }
 }

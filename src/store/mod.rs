@@ -16,7 +16,7 @@ mod schema;
 mod together;
 mod transactional;
 
-pub use admin::{AuditRow, KeyFilter, KeyRow};
+pub use admin::{AuditRow, KeyFilter, KeyRow, Scanned, ABANDONED_AFTER};
 pub use claim::{Claim, ClaimRequest, ClaimResult, RowAt, StoredRequest, StoredResult};
 pub use connect::Store;
 pub use error::{StoreError, STORE_ERROR_CLASSES};

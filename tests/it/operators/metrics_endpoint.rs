@@ -160,3 +160,66 @@ async fn a_large_key_table_is_not_scanned_at_start_up() {
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// `dedupq_keys_abandoned` counts the `in_progress` keys whose lease ended
+/// over 15 minutes ago (no delivery took them over: a sync request whose
+/// client never retried), and only those: not a live lease, not one that
+/// ended a few minutes ago (a takeover may still come), not a finished key.
+#[tokio::test]
+async fn keys_left_in_progress_long_past_their_lease_are_counted_as_abandoned() {
+    let (store, store_settings) = support::isolated_store().await;
+    for (key, status, lease_ended_ago_s) in [
+        ("abandoned-1", "in_progress", 20 * 60),
+        ("abandoned-2", "in_progress", 3 * 3600),
+        ("recent", "in_progress", 5 * 60),
+        ("live", "in_progress", -60),
+        ("finished", "done", 3600),
+    ] {
+        sqlx::query(
+            "INSERT INTO dedupq_keys (tenant, key, fingerprint, fingerprint_version, status, \
+                 epoch, owner, attempts, lease_until, created_at, completed_at) \
+             VALUES ('acme', $1, '\\x00', 2, $2, 1, 'gone', 1, \
+                 now() - make_interval(secs => $3), now() - interval '4 hours', \
+                 CASE WHEN $2 = 'done' THEN now() END)",
+        )
+        .bind(key)
+        .bind(status)
+        .bind(f64::from(lease_ended_ago_s))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let settings = Settings {
+        store: store_settings,
+        http: HttpSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpSettings::default()
+        },
+        ..Settings::default()
+    };
+    let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
+        .await
+        .unwrap();
+    let addr = app.local_addr();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(app.run_until_stopped());
+
+    let text = support::eventually(Duration::from_secs(20), "key gauges sampled", || async {
+        let text = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        (metric_value(&text, r#"dedupq_keys{status="done""#) > 0.0).then_some(text)
+    })
+    .await;
+    assert_eq!(
+        metric_value(&text, r#"dedupq_keys{status="in_progress""#),
+        4.0
+    );
+    assert_eq!(metric_value(&text, "dedupq_keys_abandoned"), 2.0);
+
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
