@@ -5,7 +5,7 @@ use super::StoreError;
 use crate::config::{check_schema_name, StoreSettings};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{Executor, PgPool, Postgres, Row};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,13 +52,42 @@ pub(super) fn default_planner_sql(local: bool) -> &'static str {
     })
 }
 
-/// Puts a session's planning back to `PLANNER` after
-/// `default_planner_sql(false)`.
-pub(super) fn planner_reset_sql() -> String {
-    PLANNER
-        .iter()
-        .map(|(name, _)| format!("RESET {name}; "))
-        .collect()
+/// The `SET`s each of dedupq's sessions starts with, run as one simple
+/// query the moment a connection opens (not as startup parameters, which
+/// a pooler such as PgBouncer refuses, or drops when told to ignore them):
+/// the schema, the row-lock wait, the planning of [`PLANNER`], and the
+/// commit's durability.
+fn session_sql(settings: &StoreSettings) -> Result<String, StoreError> {
+    let mut sql = String::new();
+    if let Some(schema) = &settings.schema {
+        // Checked here too, for callers that skip the configuration's
+        // validation: the name is written into the statement. Quoted, so
+        // its case is kept.
+        check_schema_name(schema).map_err(|problem| StoreError::SchemaName {
+            name: schema.clone(),
+            problem,
+        })?;
+        sql.push_str(&format!("SET search_path = \"{schema}\"; "));
+    }
+    // Each statement waits this long for a row lock, then fails with
+    // lock_not_available, and the store leaves only the rows another
+    // transaction holds behind: a row locked from psql holds back its own
+    // key, never the batch, its partition or the pool.
+    sql.push_str(&format!(
+        "SET lock_timeout = '{}ms'; ",
+        settings.lock_timeout.as_millis().max(1)
+    ));
+    for (name, value) in PLANNER {
+        sql.push_str(&format!("SET {name} = {value}; "));
+    }
+    // Set here, so no default of the server, the database or the role
+    // (`ALTER ROLE … SET synchronous_commit = off`) decides whether an
+    // acknowledged commit of dedupq's survives a crash or a failover.
+    sql.push_str(&format!(
+        "SET synchronous_commit = {}; ",
+        settings.synchronous_commit.as_str()
+    ));
+    Ok(sql)
 }
 
 /// A handle on the key table. Cheap to clone.
@@ -66,6 +95,9 @@ pub(super) fn planner_reset_sql() -> String {
 pub struct Store {
     pool: PgPool,
     guard: Arc<Guard>,
+    /// The `SET`s each of dedupq's sessions starts with (see
+    /// [`session_sql`]); empty for a pool built elsewhere.
+    session: Arc<str>,
     /// How many partitions a migration that creates the key table's gives
     /// it (`store.partitions`).
     partitions: u32,
@@ -131,31 +163,15 @@ impl Store {
     /// Builds the pool without touching the network, so a process can start
     /// (and report not-ready) while PostgreSQL is still down.
     pub fn connect_lazy(settings: &StoreSettings) -> Result<Self, StoreError> {
-        let mut options = PgConnectOptions::from_str(settings.url.expose())
+        let options = PgConnectOptions::from_str(settings.url.expose())
             .map_err(StoreError::Url)?
-            .application_name("dedupq");
-        if let Some(schema) = &settings.schema {
-            // Checked here too, for callers that skip the configuration's
-            // validation: the name goes into the startup `options` string,
-            // where a space would start another `-c` setting and a comma
-            // another search_path entry. Quoted, so its case is kept.
-            check_schema_name(schema).map_err(|problem| StoreError::SchemaName {
-                name: schema.clone(),
-                problem,
-            })?;
-            options = options.options([("search_path", format!("\"{schema}\""))]);
-        }
-        // Each statement waits this long for a row lock, then fails with
-        // lock_not_available, and the store leaves only the rows another
-        // transaction holds behind: a row locked from psql holds back its
-        // own key, never the batch, its partition or the pool.
-        let lock_timeout = format!("{}ms", settings.lock_timeout.as_millis().max(1));
-        options = options.options([("lock_timeout", lock_timeout)]);
-        options = options.options(PLANNER);
-        // Set here, so no default of the server, the database or the role
-        // (`ALTER ROLE … SET synchronous_commit = off`) decides whether an
-        // acknowledged commit of dedupq's survives a crash or a failover.
-        options = options.options([("synchronous_commit", settings.synchronous_commit.as_str())]);
+            .application_name("dedupq")
+            // Not sent: a pooler in front of PostgreSQL (PgBouncer before
+            // 1.20) refuses a startup parameter it does not know, and
+            // dedupq reads no floats as text.
+            .extra_float_digits(None);
+        let session: Arc<str> = session_sql(settings)?.into();
+        let after = session.clone();
         let guard = Guard::new(settings.max_connections, settings.statement_deadline);
         let fresh = guard.clone();
         let idle_timeout = settings.idle_timeout;
@@ -186,10 +202,16 @@ impl Store {
                     && meta.idle_for < idle_timeout;
                 Box::pin(async move { Ok(keep) })
             })
+            // One round trip per new connection, in its first moment.
+            .after_connect(move |conn, _| {
+                let sql = after.clone();
+                Box::pin(async move { conn.execute(sqlx::raw_sql(&sql)).await.map(|_| ()) })
+            })
             .connect_lazy_with(options);
         Ok(Self {
             pool,
             guard,
+            session,
             partitions: settings.partitions,
         })
     }
@@ -206,6 +228,7 @@ impl Store {
         Self {
             pool,
             guard,
+            session: "".into(),
             partitions: StoreSettings::default().partitions,
         }
     }
@@ -311,6 +334,12 @@ impl Store {
     /// checks, the benchmarks and the tests read the key table directly).
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The `SET`s each of dedupq's sessions starts with; run again, they
+    /// put a session back the way dedupq opened it.
+    pub(super) fn session(&self) -> &str {
+        &self.session
     }
 
     /// Why a new connection fails right now (None: it succeeds). The pool

@@ -3,7 +3,7 @@
 
 use super::{secs, sorted_order, Store, StoreError};
 use crate::identity::{Epoch, Identity};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection, Row};
 use std::time::Duration;
 
 /// The upkeep lock: a session advisory lock whose two keys are a constant
@@ -129,10 +129,10 @@ impl Store {
     /// the role does not apply to it (it would end the leadership with
     /// every idle spell, and the replicas would take turns).
     pub async fn dedicated_connection(&self) -> Result<PgConnection, StoreError> {
-        let options = (*self.pool().connect_options())
-            .clone()
-            .options([("idle_session_timeout", "0")]);
-        Ok(PgConnection::connect_with(&options).await?)
+        let mut conn = PgConnection::connect_with(&self.pool().connect_options()).await?;
+        let session = format!("{}SET idle_session_timeout = 0;", self.session());
+        conn.execute(sqlx::raw_sql(&session)).await?;
+        Ok(conn)
     }
 
     /// Takes the upkeep lock on `conn` if no other session holds it.

@@ -2,7 +2,7 @@
 //! time, only when something is pending, or only checked (for a runtime
 //! role that may not change the schema).
 
-use super::connect::{default_planner_sql, planner_reset_sql};
+use super::connect::default_planner_sql;
 use super::{Store, StoreError};
 use crate::config::MigrateMode;
 use sqlx::pool::PoolConnection;
@@ -66,7 +66,7 @@ impl Store {
                 .await?;
         }
         let result = migrate_locked(&mut conn, schema, self.partitions()).await;
-        release(conn, result.is_ok()).await;
+        release(conn, result.is_ok(), self.session()).await;
         result
     }
 
@@ -133,19 +133,17 @@ fn needs_owner(e: sqlx::Error, pending: &[Pending]) -> StoreError {
     }
 }
 
-/// Unlocks and returns the connection to the pool; after a failure the
-/// connection is closed instead, which drops the lock whatever state the
-/// session is in.
-async fn release(mut conn: PoolConnection<Postgres>, ok: bool) {
-    if ok {
+/// Unlocks and returns the connection to the pool, its session put back
+/// the way dedupq opens one (`session`: its `SET`s). After a failure, or
+/// for a pool built elsewhere (no `SET`s known), the connection is closed
+/// instead, which drops the lock whatever state the session is in.
+async fn release(mut conn: PoolConnection<Postgres>, ok: bool, session: &str) {
+    if ok && !session.is_empty() {
         let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(MIGRATE_LOCK)
             .execute(&mut *conn)
             .await;
-        let reset = format!(
-            "RESET lock_timeout; RESET dedupq.partitions; {}",
-            planner_reset_sql()
-        );
+        let reset = format!("RESET dedupq.partitions; {session}");
         let reset = conn.execute(sqlx::raw_sql(&reset)).await;
         if unlocked.is_ok() && reset.is_ok() {
             return;

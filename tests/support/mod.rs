@@ -10,6 +10,7 @@ pub mod kafka;
 pub mod kafka_raw;
 pub mod payments;
 pub mod pg_faults;
+pub mod pooler;
 pub mod process;
 pub mod provider_api;
 pub mod rabbit_management;

@@ -105,7 +105,7 @@ fn connections(s: &Settings, server: &Server) -> Check {
                 "{free} of max_connections {} free{reserved}; {wants}",
                 server.max_connections
             ),
-            "raise PostgreSQL's max_connections, add a pooler, or lower store.max_connections",
+            "raise PostgreSQL's max_connections, lower store.max_connections, or put a pooler in session mode in front of PostgreSQL (docs/production.md)",
         );
     }
     if let Some(limit) = server.role_limit {
