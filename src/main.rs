@@ -90,6 +90,9 @@ async fn run_migrate(
         store.check_migrated(schema).await?;
         println!("schema up to date");
     } else {
+        // Through a pooler in transaction mode, the migration lock would
+        // not keep two instances from migrating at once.
+        store.check_sessions_kept().await?;
         store.migrate(schema).await?;
         println!("migrations applied");
     }

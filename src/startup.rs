@@ -8,7 +8,7 @@ use crate::engine::{
 use crate::handler::{self, Handler};
 use crate::health::{Component, Health};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry::chain;
 use crate::{maintenance, server, transport};
 use anyhow::Context;
@@ -349,6 +349,10 @@ async fn prepare_store(
                     }
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e @ StoreError::SharedSessions(_)) => {
+                health.set_down(Component::Store, chain(&e).to_string());
+                return Err(e.into());
             }
             Err(e) => {
                 health.set_down(Component::Store, chain(&e).to_string());

@@ -87,6 +87,17 @@ pub enum StoreError {
     /// one carried here. Needs an operator; not retried.
     #[error("the migration history is inconsistent: {0}")]
     MigrationState(String),
+    /// `store.url` leads to a pooler that hands each transaction (or
+    /// statement) to any server session, as PgBouncer's `pool_mode =
+    /// transaction` does: dedupq's session settings, prepared statements
+    /// and advisory locks would not hold. Not retried: start-up stops.
+    #[error(
+        "store.url leads to a pooler that shares PostgreSQL sessions between transactions \
+         ({0}): dedupq's session settings (schema, lock_timeout, synchronous_commit), prepared \
+         statements and advisory locks need a session of their own. Use session pooling \
+         (PgBouncer: pool_mode = session) or connect to PostgreSQL directly"
+    )]
+    SharedSessions(String),
 }
 
 impl StoreError {

@@ -147,3 +147,63 @@ impl Store {
             .await?)
     }
 }
+
+impl Store {
+    /// Whether each of dedupq's connections keeps one PostgreSQL session
+    /// from transaction to transaction, as a direct connection or a pooler
+    /// in session mode does; Err([`StoreError::SharedSessions`]) when a
+    /// pooler shares sessions (PgBouncer's transaction or statement mode).
+    ///
+    /// Three rounds: a pooled connection reads its backend, a second
+    /// connection of its own opens a transaction and reads its backend,
+    /// the first reads its backend again, and the second ends its
+    /// transaction. In session mode the first connection's backend is one
+    /// and the same throughout, and never the second's. A pooler in
+    /// transaction mode gives the second connection the server session
+    /// the first one just freed (PgBouncer reuses the last one freed), or
+    /// the first one another session when it asks again. Each answer is
+    /// read to its end (ReadyForQuery), so that the pooler has freed the
+    /// session before the next statement is sent; simple queries only,
+    /// since a prepared statement could land on another session than the
+    /// one it was prepared on.
+    pub async fn check_sessions_kept(&self) -> Result<(), StoreError> {
+        use sqlx::{Connection, Executor};
+        async fn run<'c, E: Executor<'c, Database = sqlx::Postgres>>(
+            e: E,
+            sql: &str,
+        ) -> Result<Option<i32>, sqlx::Error> {
+            let rows = e.fetch_all(sqlx::raw_sql(sql)).await?;
+            rows.first().map(|r| sqlx::Row::try_get(r, 0)).transpose()
+        }
+        const BACKEND: &str = "SELECT pg_backend_pid()";
+        let mut pooled = self.pool().acquire().await?;
+        let mut other = sqlx::PgConnection::connect_with(&self.pool().connect_options()).await?;
+        let mut kept: Option<i32> = None;
+        let mut verdict = Ok(());
+        for _ in 0..3 {
+            let first = run(&mut *pooled, BACKEND).await?;
+            let held = match run(&mut other, "BEGIN; SELECT pg_backend_pid()").await {
+                Ok(held) => held,
+                Err(e) if e.to_string().contains("pooling mode") => {
+                    // PgBouncer's statement mode refuses a transaction block.
+                    verdict = Err(StoreError::SharedSessions(e.to_string()));
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let again = run(&mut *pooled, BACKEND).await?;
+            run(&mut other, "ROLLBACK").await?;
+            if held == first || again != first || kept.is_some_and(|k| Some(k) != first) {
+                let [first, again, held] = [first, again, held].map(|p| p.unwrap_or_default());
+                verdict = Err(StoreError::SharedSessions(format!(
+                    "one connection's statements ran in backends {first} and {again}, \
+                     and another connection's transaction in {held}"
+                )));
+                break;
+            }
+            kept = first;
+        }
+        let _ = other.close().await;
+        verdict
+    }
+}

@@ -43,6 +43,7 @@ pub(super) fn list(pending: &[Pending]) -> String {
 impl Store {
     /// What `store.migrate` asks for at start-up.
     pub async fn prepare(&self, schema: Option<&str>, mode: MigrateMode) -> Result<(), StoreError> {
+        self.check_sessions_kept().await?;
         match mode {
             MigrateMode::Auto => self.migrate(schema).await,
             MigrateMode::Check => self.check_migrated(schema).await,

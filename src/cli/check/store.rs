@@ -25,6 +25,25 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
             return;
         }
     };
+    // First, and with simple queries only: through a pooler that shares
+    // sessions, the prepared statements of the checks below would fail
+    // with errors that say nothing of the pooler.
+    match store.check_sessions_kept().await {
+        Ok(()) => {}
+        Err(e @ StoreError::SharedSessions(_)) => {
+            report.push(Check::fail(
+                "store.sessions",
+                chain(&e).to_string(),
+                "set pool_mode = session in the pooler (PgBouncer) for dedupq's database, or \
+                 point store.url at PostgreSQL itself",
+            ));
+            return;
+        }
+        Err(e) => {
+            report.push(unreachable(&store, e).await);
+            return;
+        }
+    }
     let server = match store.server().await {
         Ok(server) => server,
         Err(e) => {
@@ -57,6 +76,10 @@ pub(super) async fn check(s: &Settings, report: &mut Report) {
     } else {
         Check::ok("store.writable", "takes writes")
     });
+    report.push(Check::ok(
+        "store.sessions",
+        "each connection keeps its own session (directly, or through a pooler in session mode)",
+    ));
     report.push(connections(s, &server));
     migrations(s, &store, &server.user, report).await;
     privileges(&store, &server.user, report).await;

@@ -11,9 +11,10 @@
 //! and one replica leads the upkeep.
 
 use super::harness::{scratch, settings, App};
+use crate::support::cli;
 use crate::support::pg_faults::FaultyRole;
 use crate::support::pooler::PgBouncer;
-use crate::support::process::Provider;
+use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store};
 use dedupq::config::SecretUrl;
 use dedupq_provider::Knobs;
@@ -86,4 +87,65 @@ async fn payments_through_pgbouncer_in_session_mode_are_charged_once_with_dedupq
     app.stop().await;
     drop(bouncer);
     role.drop().await;
+}
+
+/// A pooler that shares server sessions between transactions (PgBouncer's
+/// transaction and statement modes) would run dedupq's statements without
+/// its session settings and let two replicas hold the upkeep lock:
+/// `dedupq run` and `dedupq migrate` refuse to start, naming store.url and
+/// the mode to use, and `dedupq check` fails its `store.sessions` line. Session mode, and
+/// PostgreSQL itself, pass the same check.
+#[tokio::test]
+async fn a_pooler_in_transaction_or_statement_mode_stops_start_up_and_fails_the_check() {
+    let provider = Provider::start(Knobs::default()).await;
+    let (_, store) = isolated_store().await;
+    let url = store.url.expose().to_owned();
+    for mode in ["transaction", "statement"] {
+        let bouncer = PgBouncer::start(mode, &[&url]).await;
+        let mut pooled = store.clone();
+        pooled.url = SecretUrl::new(bouncer.url(&url));
+        let config = base_config(&pooled, &provider);
+
+        let (code, log) = Dedupq::run_to_exit(&config, Duration::from_secs(60)).await;
+        assert_eq!(code, Some(1), "{mode}: start-up stops:\n{log}");
+        assert!(
+            log.contains("store.url leads to a pooler that shares PostgreSQL sessions")
+                && log.contains("pool_mode = session"),
+            "{mode}: the reason names the setting and the fix:\n{log}"
+        );
+
+        let file = cli::config_file(&config);
+        // The configuration file's URL, whatever the environment says.
+        let env = [("DEDUPQ__STORE__URL", pooled.url.expose())];
+        let ran = cli::run(&file, &["migrate"], &env);
+        assert!(
+            ran.code == 1 && ran.stderr.contains("pool_mode = session"),
+            "{mode}: dedupq migrate refuses too: {}{}",
+            ran.stdout,
+            ran.stderr
+        );
+        let ran = cli::run(&file, &["check"], &env);
+        assert_eq!(ran.code, 1, "{mode}: {}{}", ran.stdout, ran.stderr);
+        let line = ran
+            .stdout
+            .lines()
+            .find(|l| l.contains("store.sessions"))
+            .unwrap_or_else(|| panic!("{mode}: no store.sessions line:\n{}", ran.stdout));
+        assert!(line.starts_with("fail"), "{mode}: {line}");
+    }
+    let session = PgBouncer::start("session", &[&url]).await;
+    for url in [session.url(&url), url.clone()] {
+        let mut direct = store.clone();
+        direct.url = SecretUrl::new(url.clone());
+        let config = cli::config_file(&base_config(&direct, &provider));
+        let ran = cli::run(&config, &["check"], &[("DEDUPQ__STORE__URL", &url)]);
+        assert!(
+            ran.stdout
+                .lines()
+                .any(|l| l.starts_with("ok") && l.contains("store.sessions")),
+            "{url}: {}{}",
+            ran.stdout,
+            ran.stderr
+        );
+    }
 }
