@@ -1,23 +1,40 @@
 use crate::support::{self, handlers::Recording, process::metric_value};
-use dedupq::config::{HttpSettings, Settings};
+use dedupq::config::{HttpSettings, Settings, StoreSettings};
 use dedupq::startup::Application;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[tokio::test]
-async fn metrics_report_known_input_and_readyz_reflects_the_store() {
-    let (_, store_settings) = support::isolated_store().await;
+/// The application over `store`, with a recording handler and its
+/// operator endpoint on a free port; not yet running.
+async fn build(store: StoreSettings) -> Application {
     let settings = Settings {
-        store: store_settings,
+        store,
         http: HttpSettings {
             listen: "127.0.0.1:0".parse().unwrap(),
             ..HttpSettings::default()
         },
         ..Settings::default()
     };
-    let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
+    Application::build_with_handler(settings, Arc::new(Recording::default()))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// `/metrics` at `addr`, or None if it cannot be read.
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn metrics_report_known_input_and_readyz_reflects_the_store() {
+    let (_, store_settings) = support::isolated_store().await;
+    let app = build(store_settings).await;
     let addr = app.local_addr();
     let engine = app.pipeline().clone();
     let stop = app.shutdown_token();
@@ -32,12 +49,7 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
     // Served from here on; the key gauges are sampled when upkeep starts.
     let running = tokio::spawn(app.run_until_stopped());
 
-    let text = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(addr).await.expect("GET /metrics");
     let v = |series: &str| metric_value(&text, series);
     assert_eq!(v(r#"dedupq_messages_total{outcome="processed""#), 2.0);
     assert_eq!(v(r#"dedupq_messages_total{outcome="duplicate""#), 1.0);
@@ -57,12 +69,7 @@ async fn metrics_report_known_input_and_readyz_reflects_the_store() {
     assert!(!text.contains("acme"), "no tenant or key in any label");
 
     let done = support::eventually(Duration::from_secs(20), "key gauge sampled", || async {
-        let text = reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = scrape(addr).await?;
         let done = metric_value(&text, r#"dedupq_keys{status="done""#);
         (done > 0.0).then_some(done)
     })
@@ -118,37 +125,19 @@ async fn a_large_key_table_is_not_scanned_at_start_up() {
     let bytes = store.table_bytes().await.unwrap();
     assert!(bytes > 256 << 20, "the table is large: {bytes} bytes");
 
-    let settings = Settings {
-        store: store_settings,
-        http: HttpSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..HttpSettings::default()
-        },
-        ..Settings::default()
-    };
-    let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
-        .await
-        .unwrap();
+    let app = build(store_settings).await;
     let addr = app.local_addr();
     let stop = app.shutdown_token();
     let running = tokio::spawn(app.run_until_stopped());
-    let metrics = || async {
-        reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()
-    };
     // The upkeep runs: the unknown keys are counted at once.
     support::eventually(Duration::from_secs(20), "unknown gauge sampled", || async {
-        let text = metrics().await?;
+        let text = scrape(addr).await?;
         text.contains(r#"dedupq_keys{status="unknown"}"#)
             .then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let text = metrics().await.unwrap();
+    let text = scrape(addr).await.unwrap();
     assert!(
         !text.contains(r#"dedupq_keys{status="done"}"#),
         "the 40 000 done keys were scanned at start-up:\n{}",
@@ -189,28 +178,13 @@ async fn keys_left_in_progress_long_past_their_lease_are_counted_as_abandoned() 
         .await
         .unwrap();
     }
-    let settings = Settings {
-        store: store_settings,
-        http: HttpSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..HttpSettings::default()
-        },
-        ..Settings::default()
-    };
-    let app = Application::build_with_handler(settings, Arc::new(Recording::default()))
-        .await
-        .unwrap();
+    let app = build(store_settings).await;
     let addr = app.local_addr();
     let stop = app.shutdown_token();
     let running = tokio::spawn(app.run_until_stopped());
 
     let text = support::eventually(Duration::from_secs(20), "key gauges sampled", || async {
-        let text = reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = scrape(addr).await?;
         (metric_value(&text, r#"dedupq_keys{status="done""#) > 0.0).then_some(text)
     })
     .await;
