@@ -38,7 +38,9 @@ pub struct ApiSettings {
     /// most; past it new connections wait in the listen backlog until one
     /// closes, so idle keep-alive clients cannot exhaust file descriptors.
     pub max_connections: usize,
-    /// A client must send its request line and headers within this.
+    /// A client must send its request line and headers within this; a
+    /// keep-alive connection idle this long after its last answer is
+    /// closed, so idle clients do not hold `api.max_connections` slots.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
     /// Reading the body and deciding the request; a sync route's handler

@@ -54,3 +54,50 @@ async fn a_connection_past_api_max_connections_waits_until_one_closes() {
         .expect("read");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("404"));
 }
+
+/// A client that sends one request and then keeps its connection open
+/// without a word holds a slot only for `api.header_timeout`: the wait for
+/// the next request's headers is bounded like the first, so idle keep-alive
+/// connections cannot hold every slot of `api.max_connections` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_keep_alive_connections_are_closed_after_api_header_timeout() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = App::with(&provider, |s, _| {
+        s.api.max_connections = 2;
+        s.api.header_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        let line = status_line(&mut s, Duration::from_secs(10)).await;
+        assert!(
+            line.is_some_and(|l| l.contains("404")),
+            "served within the bound"
+        );
+        held.push(s);
+    }
+    // Both slots are held by connections that said nothing since their
+    // answer; the server closes them, and the next client is served.
+    let mut third = TcpStream::connect(&addr)
+        .await
+        .expect("queued by the kernel");
+    let line = status_line(&mut third, Duration::from_secs(20)).await;
+    assert!(
+        line.as_deref().is_some_and(|l| l.contains("404")),
+        "served once the idle connections timed out: {line:?}"
+    );
+    for mut s in held {
+        // What is left to read is the rest of its one answer, then the end.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+            .await
+            .expect("the idle connection was closed")
+            .expect("read");
+        assert!(
+            !String::from_utf8_lossy(&rest).contains("HTTP/1.1"),
+            "the idle connection got no second answer"
+        );
+    }
+}
