@@ -105,6 +105,7 @@ pub mod transport;
 
 mod backoff;
 mod broken;
+mod listener;
 mod maintenance;
 mod recheck;
 mod server;

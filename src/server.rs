@@ -1,6 +1,7 @@
 //! The operator endpoints: /metrics, /healthz, /readyz.
 
 use crate::health::{Component, Health};
+use crate::listener::{self, Limits};
 use crate::metrics::Metrics;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -10,6 +11,7 @@ use axum::Router;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 #[derive(Clone)]
 struct AppState {
@@ -34,8 +36,22 @@ pub(crate) fn router(metrics: Metrics, health: Health, liveness_timeout: Duratio
         })
 }
 
-/// Serves [`router`] on `listener` until `shutdown` is cancelled, then lets
-/// open requests finish.
+/// Bounds of the operator listener: a few scrapers and probes use it, so
+/// a client that opens connections and sends nothing (or stays idle after
+/// its answer) is closed after [`Limits::header_timeout`], and at most
+/// [`Limits::max_connections`] are open at once; more wait in the listen
+/// backlog. Without them, silent connections would hold the process's file
+/// descriptors, which its PostgreSQL and broker connections need.
+pub(crate) const LIMITS: Limits = Limits {
+    max_connections: 128,
+    max_header_bytes: 16 * 1024,
+    max_headers: 64,
+    header_timeout: Duration::from_secs(10),
+    shutdown_timeout: Duration::from_secs(5),
+};
+
+/// Serves [`router`] on `listener` within [`LIMITS`] until `shutdown` is
+/// cancelled, then lets open requests finish.
 pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Metrics,
@@ -43,9 +59,9 @@ pub(crate) async fn serve(
     liveness_timeout: Duration,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, health, liveness_timeout))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let router = router(metrics, health, liveness_timeout);
+    listener::serve(listener, router, LIMITS, TaskTracker::new(), shutdown).await;
+    Ok(())
 }
 
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
@@ -141,6 +157,55 @@ mod tests {
         // A stuck loop whose task ends (a session torn down) is not watched.
         drop(wedged);
         assert_eq!(healthz(addr).await, (200, "ok\n".into()));
+        stop.cancel();
+    }
+
+    /// Silent connections (a port scanner, a stuck client) hold the
+    /// operator listener's slots only for its header timeout: past
+    /// `max_connections` a probe waits, and is answered once they are
+    /// closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_connections_are_bounded_and_closed_after_the_header_timeout() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let health = Health::default();
+        tokio::spawn(serve(
+            listener,
+            Metrics::new(),
+            health,
+            Duration::from_secs(60),
+            stop.clone(),
+        ));
+        assert_eq!(healthz(addr).await, (200, "ok\n".into()));
+        let mut silent = Vec::new();
+        for _ in 0..LIMITS.max_connections {
+            silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/healthz");
+        let waiting = client
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        assert!(
+            waiting.is_err(),
+            "a probe past max_connections waits: {waiting:?}"
+        );
+        let answered = client
+            .get(&url)
+            .timeout(LIMITS.header_timeout * 3)
+            .send()
+            .await
+            .expect("answered once the silent connections were closed");
+        assert_eq!(answered.status().as_u16(), 200);
+        for mut s in silent {
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+            assert!(read.is_ok(), "each silent connection was closed");
+        }
         stop.cancel();
     }
 }

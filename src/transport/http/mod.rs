@@ -14,7 +14,6 @@ mod problem;
 mod publish;
 mod reload;
 mod route;
-mod serve;
 mod service;
 mod signature;
 

@@ -1,9 +1,10 @@
 //! The API as one service: built from the settings (keys, secrets, broker
 //! clients, the bound listener), then served until shutdown.
 
-use super::{answer, auth, decide, post, publish, reload, route, serve};
+use super::{answer, auth, decide, post, publish, reload, route};
 use crate::config::{ConfigError, Settings};
 use crate::engine::Pipeline;
+use crate::listener;
 use crate::store::Store;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
@@ -44,7 +45,7 @@ pub enum ApiError {
 pub struct Api {
     listener: TcpListener,
     router: Router,
-    limits: serve::Limits,
+    limits: listener::Limits,
     tasks: TaskTracker,
     state: Arc<post::ApiState>,
 }
@@ -88,7 +89,7 @@ impl Api {
                 addr: api.listen,
                 source,
             })?;
-        let limits = serve::Limits {
+        let limits = listener::Limits {
             max_connections: api.max_connections,
             max_header_bytes: api.max_header_bytes,
             max_headers: api.max_headers,
@@ -119,7 +120,7 @@ impl Api {
             move || state.reload_credentials(),
             shutdown.clone(),
         ));
-        serve::serve(
+        listener::serve(
             self.listener,
             self.router,
             self.limits,

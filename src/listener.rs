@@ -1,5 +1,6 @@
-//! The listener: HTTP/1.1 served by hyper with the header limits and the
-//! header-read timeout set on the connection itself, and a bounded
+//! dedupq's HTTP/1.1 listeners (the API's and the operator endpoints'):
+//! served by hyper with the header limits and the header-read timeout set
+//! on the connection itself, a bound on open connections, and a bounded
 //! graceful shutdown (stop accepting, let in-flight requests finish).
 
 use axum::Router;
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(super) struct Limits {
+pub(crate) struct Limits {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub max_headers: usize,
@@ -23,7 +24,7 @@ pub(super) struct Limits {
     pub shutdown_timeout: Duration,
 }
 
-pub(super) async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
