@@ -107,5 +107,6 @@ mod backoff;
 mod broken;
 mod listener;
 mod maintenance;
+mod open_files;
 mod recheck;
 mod server;

@@ -42,13 +42,16 @@ pub struct Application {
 pub struct StoppedDuringStartUp;
 
 impl Application {
-    /// Builds the configured handler (refusing a `handler.lookup_url` that
+    /// Raises the open-files limit to its hard limit and refuses a
+    /// configuration whose connections could not all be open under it,
+    /// builds the configured handler (refusing a `handler.lookup_url` that
     /// answers 200 for a key never charged), serves the operator endpoints
     /// (so probes answer while PostgreSQL is still unreachable), then
     /// prepares the store as `store.migrate` says, waiting for PostgreSQL,
     /// and the engine with the handler.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.validate_for_run()?;
+        crate::open_files::prepare(&settings)?;
         let handler = handler::from_settings(&settings.handler).await?;
         Self::build_with_handler(settings, handler).await
     }

@@ -19,6 +19,26 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// Runs `command` with the open-files limits `soft` and `hard`.
+pub fn limit_open_files(command: &mut Command, soft: u64, hard: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls only setrlimit,
+    // which is async-signal-safe, on a struct of its own.
+    unsafe {
+        command.pre_exec(move || {
+            let l = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
 /// Configuration sections every process test needs: the isolated store,
 /// short leases, the payment handler aimed at `provider`.
 pub fn base_config(store: &StoreSettings, provider: &Provider) -> toml::Table {
@@ -67,6 +87,8 @@ pub struct Dedupq {
     /// are always dropped, so the configuration file and this list are all
     /// the process sees.
     env: Vec<(String, String)>,
+    /// The process's open-files limits (soft, hard), if not inherited.
+    open_files: Option<(u64, u64)>,
 }
 
 impl Dedupq {
@@ -91,11 +113,37 @@ impl Dedupq {
         me
     }
 
+    /// Like `start`, with the open-files limits `soft` and `hard`
+    /// (`RLIMIT_NOFILE`) instead of the test's.
+    pub async fn start_with_open_files(config: &toml::Table, soft: u64, hard: u64) -> Self {
+        let mut me = Self::configure(config);
+        me.open_files = Some((soft, hard));
+        me.spawn().await;
+        me
+    }
+
+    /// Like `run_to_exit`, with the open-files limits `soft` and `hard`.
+    pub async fn run_to_exit_with_open_files(
+        config: &toml::Table,
+        soft: u64,
+        hard: u64,
+        limit: Duration,
+    ) -> (Option<i32>, String) {
+        let mut me = Self::configure(config);
+        me.open_files = Some((soft, hard));
+        me.spawn_child();
+        me.exit_within(limit).await
+    }
+
     /// Runs `dedupq run` with `config` and waits up to `limit` for it to
     /// exit by itself (a start-up refusal); returns its exit code (None:
     /// still running at the limit, then killed) and its output.
     pub async fn run_to_exit(config: &toml::Table, limit: Duration) -> (Option<i32>, String) {
-        let mut me = Self::launch(config, &[]);
+        Self::launch(config, &[]).exit_within(limit).await
+    }
+
+    async fn exit_within(mut self, limit: Duration) -> (Option<i32>, String) {
+        let me = &mut self;
         let deadline = tokio::time::Instant::now() + limit;
         let code = loop {
             if let Some(status) = me.exit_status() {
@@ -168,6 +216,7 @@ impl Dedupq {
             table: config.clone(),
             http: SocketAddr::from(([127, 0, 0, 1], free_port())),
             env: Vec::new(),
+            open_files: None,
         };
         me.write_config();
         me
@@ -198,6 +247,9 @@ impl Dedupq {
             command.env_remove(name);
         }
         command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some((soft, hard)) = self.open_files {
+            limit_open_files(&mut command, soft, hard);
+        }
         let child = command
             .arg("run")
             .arg("--config")

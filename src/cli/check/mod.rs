@@ -37,11 +37,33 @@ pub async fn checks(loaded: Result<Settings, ConfigError>) -> Report {
     };
     report.push(Check::ok("config", summary(&settings)));
     files::check(&settings, &mut report);
+    report.push(open_files(&settings));
     store::check(&settings, &mut report).await;
     brokers::check_kafka(&settings, &mut report).await;
     brokers::check_amqp(&settings, &mut report).await;
     provider::check(&settings, &mut report).await;
     report
+}
+
+/// Whether the connections the configuration allows fit under the
+/// open-files limit `dedupq run` raises itself to (the hard limit).
+fn open_files(s: &Settings) -> Check {
+    let name = "process.open_files";
+    let Some(limits) = crate::open_files::limits() else {
+        return Check::ok(name, "this platform does not tell its open-files limit");
+    };
+    match crate::open_files::fits(s, limits.hard) {
+        Ok(()) => Check::ok(
+            name,
+            format!(
+                "up to {} open at once; dedupq run raises its limit from {} to {}",
+                crate::open_files::needed(s),
+                limits.soft,
+                limits.hard
+            ),
+        ),
+        Err(e) => Check::fail(name, e.problem.clone(), fix_of(&e)),
+    }
 }
 
 /// The fix of a configuration error, naming the setting and its variable.

@@ -13,6 +13,7 @@ mod forwarded;
 mod group_commit;
 mod idle_sessions;
 mod key_routes;
+mod open_files;
 mod pooler;
 mod requests;
 mod rotation;
