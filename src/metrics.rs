@@ -66,6 +66,9 @@ pub struct Inner {
     /// `dedupq_end_to_end_seconds{transport}`: from receipt to a durable
     /// outcome.
     pub end_to_end: HistogramVec,
+    /// `dedupq_amqp_blocked`: 1 while RabbitMQ blocks the connection (a
+    /// memory or disk alarm): replies, dead letters and acks wait.
+    pub amqp_blocked: IntGauge,
     /// `dedupq_stalled_lanes{transport}`: partitions or queues with waiting
     /// messages and no progress.
     pub stalled_lanes: IntGaugeVec,
@@ -251,6 +254,10 @@ impl Metrics {
                 )
                 .buckets(seconds_buckets()),
                 &["transport"]
+            )),
+            amqp_blocked: register!(IntGauge::new(
+                "dedupq_amqp_blocked",
+                "1 while RabbitMQ blocks the connection (a resource alarm): replies, dead letters and acks wait"
             )),
             stalled_lanes: register!(IntGaugeVec::new(
                 Opts::new(

@@ -181,10 +181,14 @@ pub struct Client {
 
 impl Client {
     pub async fn connect() -> Self {
-        let connection =
-            broker::amqp::connect(&AmqpSettings::at(&amqp_url()), "dedupq-test-client")
-                .await
-                .expect("connect to RabbitMQ");
+        Self::connect_to(&amqp_url()).await
+    }
+
+    /// A client of the RabbitMQ at `url` (a test's private node).
+    pub async fn connect_to(url: &str) -> Self {
+        let connection = broker::amqp::connect(&AmqpSettings::at(url), "dedupq-test-client")
+            .await
+            .expect("connect to RabbitMQ");
         let publisher = Publisher::open(&connection).await.expect("confirm mode");
         let channel = publisher.channel().clone();
         ensure_expiry_policy().await;

@@ -11,6 +11,7 @@ pub mod kafka_raw;
 pub mod payments;
 pub mod pg_faults;
 pub mod pooler;
+pub mod private_rabbit;
 pub mod process;
 pub mod provider_api;
 pub mod rabbit_management;

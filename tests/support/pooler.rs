@@ -108,7 +108,9 @@ impl Drop for PgBouncer {
     }
 }
 
-fn running_as_root() -> bool {
+/// Whether this process runs as root (services then run as their own
+/// package's user).
+pub fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
             .find(|l| l.starts_with("Uid:"))

@@ -23,6 +23,8 @@ struct State {
     failing_since: Option<(Instant, String)>,
     /// When the current session started consuming (None: no session).
     up_since: Option<Instant>,
+    /// Why RabbitMQ blocks the current session's connection, if it does.
+    blocked: Option<String>,
 }
 
 struct Queue {
@@ -67,10 +69,17 @@ impl Progress {
         self.lock().up_since = Some(Instant::now());
     }
 
+    /// RabbitMQ blocked the connection (`Some(reason)`, a resource alarm)
+    /// or unblocked it (`None`).
+    pub(super) fn blocked(&self, reason: Option<String>) {
+        self.lock().blocked = reason;
+    }
+
     /// A session ended with `error`.
     pub(super) fn session_failed(&self, error: &str) {
         let mut s = self.lock();
         s.up_since = None;
+        s.blocked = None;
         s.failing_since
             .get_or_insert_with(|| (Instant::now(), String::new()))
             .1 = error.to_string();
@@ -103,11 +112,18 @@ impl Progress {
                 return out;
             }
         }
+        // Acks wait while RabbitMQ blocks the connection: the cause of a
+        // stall, named on each line.
+        let cause = s
+            .blocked
+            .as_ref()
+            .map(|r| format!(" (RabbitMQ blocks the connection: {r})"))
+            .unwrap_or_default();
         for (name, q) in &s.queues {
             let idle = now.saturating_duration_since(q.last_ack);
             if q.unacked > 0 && idle >= after {
                 out.push(format!(
-                    "{name}: {} deliveries in hand and no ack for {}s",
+                    "{name}: {} deliveries in hand and no ack for {}s{cause}",
                     q.unacked,
                     idle.as_secs()
                 ));
@@ -149,6 +165,33 @@ mod tests {
         assert_eq!(p.stalled(&queues, Duration::from_secs(60)).len(), 1);
         p.settled("q", 3, 3);
         assert!(p.stalled(&queues, Duration::from_secs(60)).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_while_rabbitmq_blocks_the_connection_names_the_alarm_until_unblocked() {
+        let p = Progress::default();
+        let queues = vec!["q".to_string()];
+        p.taken("q", 2);
+        p.blocked(Some("low on memory".into()));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let lines = p.stalled(&queues, Duration::from_secs(60));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].ends_with("(RabbitMQ blocks the connection: low on memory)"),
+            "{lines:?}"
+        );
+        p.blocked(None);
+        let lines = p.stalled(&queues, Duration::from_secs(60));
+        assert!(!lines[0].contains("RabbitMQ blocks"), "{lines:?}");
+        p.blocked(Some("low on disk".into()));
+        p.session_failed("connection reset");
+        p.taken("q", 1);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let lines = p.stalled(&queues, Duration::from_secs(60));
+        assert!(
+            lines.iter().all(|l| !l.contains("RabbitMQ blocks")),
+            "a new session is not blocked: {lines:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

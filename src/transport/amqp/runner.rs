@@ -182,7 +182,15 @@ impl Session {
                         stop.cancel();
                     }
                     Event::ConnectionBlocked(reason) => {
-                        tracing::warn!(%reason, "RabbitMQ blocked publishing (resource alarm)");
+                        tracing::warn!(
+                            %reason,
+                            "RabbitMQ blocks this connection (a resource alarm): deliveries in hand are stored, their acks, replies and dead letters wait until it clears"
+                        );
+                        self.blocked(Some(reason));
+                    }
+                    Event::ConnectionUnblocked => {
+                        tracing::info!("RabbitMQ unblocked this connection");
+                        self.blocked(None);
                     }
                     _ => {}
                 },
@@ -191,7 +199,21 @@ impl Session {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Whether RabbitMQ blocks the connection, and why: shown on the
+    /// stalled queues' lines and in `dedupq_amqp_blocked`.
+    fn blocked(&self, reason: Option<String>) {
+        self.pipeline
+            .metrics()
+            .amqp_blocked
+            .set(i64::from(reason.is_some()));
+        self.progress.blocked(reason);
+    }
+
     fn mark(&self, up: bool) {
+        if !up {
+            // A connection that ended blocks nothing.
+            self.blocked(None);
+        }
         self.health.set(Component::Amqp, up);
         self.pipeline
             .metrics()

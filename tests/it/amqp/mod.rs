@@ -2,6 +2,7 @@
 //! has its own schema, work queue, delay queue and dead-letter exchange.
 
 mod ambiguous;
+mod blocked;
 mod crash;
 mod cross_transport;
 mod duplicates;
