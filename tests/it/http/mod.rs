@@ -5,6 +5,7 @@
 mod harness;
 
 mod async_routes;
+mod broker_alarm;
 mod config;
 mod connections;
 mod crash;

@@ -30,7 +30,14 @@ impl AmqpPublisher {
 
     async fn publisher(&self) -> Result<Publisher, PublishError> {
         let mut open = self.open.lock().await;
-        if let Some((_, publisher)) = open.as_ref().filter(|(_, p)| p.is_open()) {
+        if let Some((connection, publisher)) = open.as_ref().filter(|(_, p)| p.is_open()) {
+            // Under a memory or disk alarm RabbitMQ blocks the connection,
+            // and nothing written on it goes out until the alarm clears: a
+            // request would hold its slot for api.request_timeout, and so
+            // would every other one. Refused at once instead.
+            if connection.status().blocked() {
+                return Err(PublishError::AmqpBlocked);
+            }
             return Ok(publisher.clone());
         }
         *open = None;

@@ -27,6 +27,8 @@ pub(super) enum PublishError {
     AmqpConnect(#[from] crate::broker::amqp::ConnectError),
     #[error("RabbitMQ did not take the command")]
     Amqp(#[from] crate::broker::amqp::PublishError),
+    #[error("RabbitMQ blocks publishing (a memory or disk alarm on the broker)")]
+    AmqpBlocked,
     #[error("the broker did not confirm the command within api.request_timeout")]
     Timeout,
 }
