@@ -8,6 +8,7 @@ use super::pooler::running_as_root;
 use super::unique;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 pub struct PrivateRabbit {
     node: String,
@@ -66,10 +67,28 @@ impl PrivateRabbit {
     }
 
     /// Raises a memory alarm (`on`), which blocks every connection that
-    /// publishes, or clears it.
-    pub fn memory_alarm(&self, on: bool) {
+    /// publishes, or clears it; returns once the node reports it so.
+    pub async fn memory_alarm(&self, on: bool) {
         let watermark = if on { "0.000001" } else { "0.4" };
         self.ctl(&["set_vm_memory_high_watermark", watermark]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self.alarmed() != on {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the node did not report its alarm {} within 60 s",
+                if on { "raised" } else { "cleared" }
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Whether the node reports a resource alarm.
+    fn alarmed(&self) -> bool {
+        let out = Command::new("rabbitmq-diagnostics")
+            .args(["-q", "-n", &self.node, "check_local_alarms"])
+            .output()
+            .expect("run rabbitmq-diagnostics");
+        !out.status.success()
     }
 
     /// Runs `rabbitmqctl` against this node; panics if it fails.

@@ -51,6 +51,10 @@ pub enum PublishError {
     },
 }
 
+/// The `op` of a [`PublishError::Channel`] that came while waiting for the
+/// broker's confirm, after the message was written: the broker may have it.
+pub const CONFIRM_WAIT: &str = "publisher confirm";
+
 fn channel_error(op: &'static str) -> impl FnOnce(lapin::Error) -> PublishError {
     move |source| PublishError::Channel { op, source }
 }
@@ -154,11 +158,7 @@ impl Pending {
             destination: self.destination.clone(),
             why,
         };
-        match self
-            .confirm
-            .await
-            .map_err(channel_error("publisher confirm"))?
-        {
+        match self.confirm.await.map_err(channel_error(CONFIRM_WAIT))? {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(returned)) => Err(unconfirmed(format!(
                 "no queue took it (returned: {})",

@@ -19,23 +19,16 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_memory_alarm_holds_replies_and_acks_names_the_block_and_loses_nothing() {
     let rabbit = PrivateRabbit::start().await;
-    // Each charge takes a second: the alarm lands while they run.
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_secs(1),
-        ..Knobs::default()
-    })
-    .await;
+    let provider = Provider::start(Knobs::default()).await;
     let (_, store) = isolated_store().await;
     let settings = AmqpSettings {
         url: SecretUrl::new(rabbit.url()),
         stall_after: Duration::from_secs(2),
         ..amqp::settings(QueueType::Quorum)
     };
-    let mut config = base_config(&store, &provider);
-    config.insert("amqp".into(), amqp::config_section(&settings));
-    let mut dedupq = Dedupq::start(&config).await;
-    super::crash::wait_ready(&dedupq).await;
-
+    dedupq::transport::amqp::prepare_topology(&settings)
+        .await
+        .expect("queues declared");
     let client = Client::connect_to(&rabbit.url()).await;
     let replies = client.reply_queue().await;
     for i in 0..3 {
@@ -43,8 +36,12 @@ async fn a_memory_alarm_holds_replies_and_acks_names_the_block_and_loses_nothing
             .reply_to(&replies, &format!("alarm-{i}"));
         client.publish(&settings.queues[0], &msg).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    rabbit.memory_alarm(true);
+    // The alarm is in effect before dedupq takes the payments: it charges
+    // them, and its replies and acks are the first things it writes.
+    rabbit.memory_alarm(true).await;
+    let mut config = base_config(&store, &provider);
+    config.insert("amqp".into(), amqp::config_section(&settings));
+    let mut dedupq = Dedupq::start(&config).await;
 
     eventually(
         Duration::from_secs(30),
@@ -80,7 +77,7 @@ async fn a_memory_alarm_holds_replies_and_acks_names_the_block_and_loses_nothing
     let watcher = Client::connect_to(&rabbit.url()).await;
     assert_eq!(watcher.ready(&replies).await, 0, "no reply while blocked");
 
-    rabbit.memory_alarm(false);
+    rabbit.memory_alarm(false).await;
     let got = watcher
         .expect_exactly(&replies, 3, Duration::from_secs(60))
         .await;

@@ -33,9 +33,43 @@ pub(super) enum PublishError {
     Timeout,
 }
 
+impl PublishError {
+    /// Whether the broker may have the command although it did not
+    /// confirm it: the wait ran out, the connection went after the message
+    /// was written (a blocked RabbitMQ connection writes it once the alarm
+    /// clears), or librdkafka gave up on a record it may have sent.
+    fn may_have_reached_the_broker(&self) -> bool {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        match self {
+            PublishError::Timeout => true,
+            PublishError::Amqp(crate::broker::amqp::PublishError::Channel { op, .. }) => {
+                *op == crate::broker::amqp::CONFIRM_WAIT
+            }
+            PublishError::Kafka { source, .. } => matches!(
+                source,
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)
+            ),
+            PublishError::AmqpConnect(_) | PublishError::AmqpBlocked => false,
+            PublishError::Amqp(_) => false,
+        }
+    }
+}
+
 impl From<PublishError> for Problem {
     fn from(e: PublishError) -> Self {
         let detail = crate::telemetry::chain(&e);
+        if e.may_have_reached_the_broker() {
+            // Never "nothing is accepted" when the broker may carry it out:
+            // the consumers claim it like any delivery, so a retry with the
+            // same key is never carried out twice.
+            return Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "broker-unconfirmed",
+                "The broker has not confirmed the command; it may still be carried out",
+                format!("{detail}; retry with the same key: the command is carried out once, however often it is sent"),
+            )
+            .retry_after(SOON);
+        }
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "broker-unavailable",
