@@ -169,11 +169,18 @@ async fn pooled_then_forgotten(store: &Store, middlebox: &Middlebox) -> usize {
 
 #[tokio::test]
 async fn a_connection_whose_flow_was_forgotten_while_idle_is_never_used_again() {
-    let (middlebox, store) =
-        through_a_middlebox(|s| s.idle_timeout = Duration::from_millis(500)).await;
+    let (middlebox, store) = through_a_middlebox(|s| {
+        s.idle_timeout = Duration::from_millis(500);
+        // A new connection (TCP, authentication, the session's SETs) may
+        // take seconds on a loaded machine; a claim sent over the
+        // forgotten flow would wait for the statement deadline.
+        s.acquire_timeout = Duration::from_secs(20);
+        s.statement_deadline = Duration::from_secs(120);
+    })
+    .await;
     let flows = pooled_then_forgotten(&store, &middlebox).await;
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let after = tokio::time::timeout(Duration::from_secs(10), claim(&store, "after"))
+    let after = tokio::time::timeout(Duration::from_secs(60), claim(&store, "after"))
         .await
         .expect("the claim after the idle spell must not wait on a forgotten flow");
     assert!(matches!(after, ClaimResult::Won(_)), "{after:?}");
