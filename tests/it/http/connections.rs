@@ -23,14 +23,11 @@ async fn status_line(stream: &mut TcpStream, limit: Duration) -> Option<String> 
     text.lines().next().map(str::to_string)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_connection_past_api_max_connections_waits_until_one_closes() {
-    let provider = Provider::start(Knobs::default()).await;
-    let app = App::with(&provider, |s, _| s.api.max_connections = 2).await;
-    let addr = app.base.trim_start_matches("http://").to_string();
+/// `n` connections to `addr`, each answered once (the bound not reached).
+async fn served(addr: &str, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(&addr).await.expect("connect");
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
         let line = status_line(&mut s, Duration::from_secs(10)).await;
         assert!(
             line.is_some_and(|l| l.contains("404")),
@@ -38,6 +35,15 @@ async fn a_connection_past_api_max_connections_waits_until_one_closes() {
         );
         held.push(s);
     }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_past_api_max_connections_waits_until_one_closes() {
+    let provider = Provider::start(Knobs::default()).await;
+    let app = App::with(&provider, |s, _| s.api.max_connections = 2).await;
+    let addr = app.base.trim_start_matches("http://").to_string();
+    let mut held = served(&addr, 2).await;
     let mut third = TcpStream::connect(&addr)
         .await
         .expect("queued by the kernel");
@@ -68,16 +74,7 @@ async fn idle_keep_alive_connections_are_closed_after_api_header_timeout() {
     })
     .await;
     let addr = app.base.trim_start_matches("http://").to_string();
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = TcpStream::connect(&addr).await.expect("connect");
-        let line = status_line(&mut s, Duration::from_secs(10)).await;
-        assert!(
-            line.is_some_and(|l| l.contains("404")),
-            "served within the bound"
-        );
-        held.push(s);
-    }
+    let held = served(&addr, 2).await;
     // Both slots are held by connections that said nothing since their
     // answer; the server closes them, and the next client is served.
     let mut third = TcpStream::connect(&addr)
