@@ -19,6 +19,17 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// The `dedupq` binary without the `DEDUPQ__…` variables this test
+/// process inherited (scripts/test exports `DEDUPQ__STORE__URL`): only its
+/// configuration file and what the test sets configure it.
+pub fn dedupq_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
+    for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
+        command.env_remove(name);
+    }
+    command
+}
+
 /// Runs `command` with the open-files limits `soft` and `hard`.
 pub fn limit_open_files(command: &mut Command, soft: u64, hard: u64) {
     use std::os::unix::process::CommandExt;
@@ -242,10 +253,7 @@ impl Dedupq {
             .append(true)
             .open(&self.log)
             .expect("open log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
-        for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
-            command.env_remove(name);
-        }
+        let mut command = dedupq_command();
         command.envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some((soft, hard)) = self.open_files {
             limit_open_files(&mut command, soft, hard);

@@ -4,12 +4,11 @@
 //! come from the file, from `*_file` settings or from the environment.
 
 use super::roles::RuntimeRole;
-use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::process::{base_config, dedupq_command, Dedupq, Provider};
 use crate::support::{self, unique};
 use dedupq::config::Settings;
 use dedupq_provider::Knobs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 const STORE_URL: &str =
@@ -89,10 +88,7 @@ fn leaked<'a>(text: &str, secrets: &[&'a str]) -> Vec<&'a str> {
 #[test]
 fn dedupq_config_hides_every_secret_from_files_the_environment_and_urls() {
     let config = secret_config();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_dedupq"));
-    for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
-        command.env_remove(name);
-    }
+    let mut command = dedupq_command();
     let out = command
         .args(["config", "--config"])
         .arg(&config)

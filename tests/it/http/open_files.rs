@@ -9,7 +9,9 @@
 use super::harness::{client, keys_file, scratch, wait_listening, Reply, ACME_KEY};
 use crate::support::cli::config_file;
 use crate::support::isolated_store;
-use crate::support::process::{base_config, free_port, limit_open_files, Dedupq, Provider};
+use crate::support::process::{
+    base_config, dedupq_command, free_port, limit_open_files, Dedupq, Provider,
+};
 use dedupq_provider::Knobs;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -145,11 +147,8 @@ async fn connections_that_cannot_fit_under_the_hard_limit_stop_start_up_naming_t
 /// its exit code and its `process.open_files` line.
 fn check_open_files(config: &toml::Table, limit: u64) -> (Option<i32>, String) {
     let file = config_file(config);
-    let mut check = std::process::Command::new(env!("CARGO_BIN_EXE_dedupq"));
+    let mut check = dedupq_command();
     check.arg("--config").arg(&file).arg("check");
-    for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("DEDUPQ__")) {
-        check.env_remove(name);
-    }
     limit_open_files(&mut check, limit, limit);
     let out = check.output().expect("run dedupq check");
     let stdout = String::from_utf8_lossy(&out.stdout);
