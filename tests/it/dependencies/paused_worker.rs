@@ -7,7 +7,7 @@
 
 use super::common::{body, set, status, with_amqp, TENANT};
 use crate::support::kafka::{self, headers, produce};
-use crate::support::process::{base_config, Dedupq, Provider};
+use crate::support::process::{base_config, free_port, Dedupq, Provider};
 use crate::support::{amqp, eventually, isolated_store, rabbit_management, unique};
 use dedupq_provider::Knobs;
 use std::time::Duration;
@@ -173,4 +173,104 @@ async fn amqp_a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_pro
     a.kill();
     b.kill();
     client.cleanup(&settings).await;
+}
+
+/// The same behind a load balancer: two API replicas share the store, and
+/// a client whose requests to the paused replica time out sends them to
+/// the other. Once the paused replica's leases end, the other takes the
+/// keys over and answers; the resumed replica starts no call on its stale
+/// claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_a_replica_resumed_after_a_pause_longer_than_its_lease_calls_the_provider_for_none_of_its_stale_claims(
+) {
+    const API_KEY: &str = "sk_test_t1_0123456789";
+    let (store, store_settings) = isolated_store().await;
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_millis(800),
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await;
+    let keys = std::env::temp_dir().join(unique("dedupq-paused-keys"));
+    std::fs::write(&keys, format!("\"{API_KEY}\" = \"{TENANT}\"\n")).expect("write keys file");
+    let base = base_config(&store_settings, &provider);
+    let replica = |owner: &str| {
+        let api: std::net::SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let mut config = base.clone();
+        set(&mut config, "engine", "owner", owner);
+        // One call at a time: the other claimed requests wait in line.
+        set(&mut config, "engine", "concurrency", 1_i64);
+        set(&mut config, "api", "enabled", true);
+        set(&mut config, "api", "listen", api.to_string());
+        set(&mut config, "api", "keys_file", keys.display().to_string());
+        let route: toml::Table = toml::from_str(r#"name = "payments""#).expect("route");
+        set(
+            &mut config,
+            "api",
+            "routes",
+            vec![toml::Value::Table(route)],
+        );
+        (config, api)
+    };
+    let pay = |api: std::net::SocketAddr, k: usize| {
+        reqwest::Client::new()
+            .post(format!("http://{api}/v1/payments"))
+            .bearer_auth(API_KEY)
+            .header("Idempotency-Key", format!("pay-{k}"))
+            .body(body(k))
+            .timeout(Duration::from_secs(2))
+            .send()
+    };
+
+    let (config_a, api_a) = replica("worker-a");
+    let mut a = Dedupq::start(&config_a).await;
+    a.wait_ready(Duration::from_secs(30))
+        .await
+        .expect("a ready");
+    const N: usize = 6;
+    for k in 0..N {
+        tokio::spawn(pay(api_a, k));
+    }
+    eventually(
+        Duration::from_secs(20),
+        "every request claimed by a and its first call made",
+        || async {
+            for k in 0..N {
+                status(&store, &format!("pay-{k}")).await?;
+            }
+            (provider.stats().await.charges >= 1).then_some(())
+        },
+    )
+    .await;
+    a.signal("-STOP");
+
+    let (config_b, api_b) = replica("worker-b");
+    let mut b = Dedupq::start(&config_b).await;
+    b.wait_ready(Duration::from_secs(30))
+        .await
+        .expect("b ready");
+    for k in 0..N {
+        // 409 while a's lease holds the key, then b's answer.
+        let status = eventually(Duration::from_secs(60), "b answers", || async {
+            let status = pay(api_b, k).await.ok()?.status().as_u16();
+            (status != 409).then_some(status)
+        })
+        .await;
+        assert_eq!(status, 201, "pay-{k}");
+    }
+    let resumed_at = chrono::Utc::now();
+    a.signal("-CONT");
+    eventually(
+        Duration::from_secs(20),
+        "the resumed replica's late writes fenced and counted",
+        || async { (a.metric("dedupq_fenced_writes_total").await >= 1.0).then_some(()) },
+    )
+    .await;
+    // Long enough for every call a would start on its queue to reach the
+    // provider (each waits behind the previous one's 0.8 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    no_calls_from_the_resumed_worker(&provider, N, resumed_at).await;
+    a.kill();
+    b.kill();
 }
