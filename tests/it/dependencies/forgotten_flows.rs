@@ -123,8 +123,20 @@ async fn try_claim(store: &Store, key: &str) -> Result<ClaimResult, StoreError> 
     Ok(results.pop().expect("one result"))
 }
 
+/// A claim, retried after an error that says PostgreSQL was busy (a new
+/// connection refused or slow to open on a loaded machine), as the engine
+/// retries it. An error never comes over a forgotten flow: nothing does.
 async fn claim(store: &Store, key: &str) -> ClaimResult {
-    try_claim(store, key).await.expect("claim")
+    loop {
+        match try_claim(store, key).await {
+            Ok(result) => return result,
+            Err(e) if e.is_transient() => {
+                eprintln!("claim {key}: retrying after {e:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("claim {key}: {e:?}"),
+        }
+    }
 }
 
 /// A store of its own schema whose connections cross a middlebox, with
