@@ -7,4 +7,4 @@ mod publish;
 pub mod raw;
 
 pub use connect::{connect, ConnectError};
-pub use publish::{Outgoing, Pending, PublishError, Publisher, CONFIRM_WAIT};
+pub use publish::{Outgoing, Pending, PublishError, Publisher};

@@ -52,8 +52,18 @@ pub enum PublishError {
 }
 
 /// The `op` of a [`PublishError::Channel`] that came while waiting for the
-/// broker's confirm, after the message was written: the broker may have it.
-pub const CONFIRM_WAIT: &str = "publisher confirm";
+/// broker's confirm, after the message was written.
+const CONFIRM_WAIT: &str = "publisher confirm";
+
+impl PublishError {
+    /// Whether the broker may have the message although it did not confirm
+    /// it: the channel went while waiting for the confirm, after the
+    /// message was written (a blocked connection writes it once its alarm
+    /// clears).
+    pub fn may_have_reached_the_broker(&self) -> bool {
+        matches!(self, PublishError::Channel { op, .. } if *op == CONFIRM_WAIT)
+    }
+}
 
 fn channel_error(op: &'static str) -> impl FnOnce(lapin::Error) -> PublishError {
     move |source| PublishError::Channel { op, source }

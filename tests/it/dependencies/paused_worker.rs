@@ -12,6 +12,17 @@ use crate::support::{amqp, eventually, isolated_store, rabbit_management, unique
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
+/// A provider that takes 0.8 s per call and ignores idempotency keys, so
+/// that every call it gets is a charge.
+async fn slow_provider_without_idempotency() -> Provider {
+    Provider::start(Knobs {
+        latency: Duration::from_millis(800),
+        honour_keys: false,
+        ..Knobs::default()
+    })
+    .await
+}
+
 fn worker(base: &toml::Table, topic: &str, group: &str, owner: &str) -> toml::Table {
     let mut config = kafka::with_kafka(base, topic, group, "");
     set(&mut config, "engine", "owner", owner);
@@ -24,13 +35,7 @@ fn worker(base: &toml::Table, topic: &str, group: &str, owner: &str) -> toml::Ta
 async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider_for_none_of_its_stale_claims(
 ) {
     let (_, store_settings) = isolated_store().await;
-    // Without idempotency, every call the provider gets is a charge.
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_millis(800),
-        honour_keys: false,
-        ..Knobs::default()
-    })
-    .await;
+    let provider = slow_provider_without_idempotency().await;
     let (topic, _) = kafka::topics("paused", 1).await;
     let group = unique("g");
     let base = base_config(&store_settings, &provider);
@@ -59,6 +64,21 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
     let mut b = Dedupq::start(&worker(&base, &topic, &group, "worker-b")).await;
     // b gets the partition once a misses its session (6 s), past a's lease.
     kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(90)).await;
+    resumed_with_its_late_writes_fenced(&a, &provider, N, Duration::from_secs(4)).await;
+    a.kill();
+    b.kill();
+}
+
+/// Resumes the paused worker `a`, waits until its late writes are fenced
+/// and counted, and gives it `settle` (long enough for every call it would
+/// start on its queue to reach the provider, each behind the previous
+/// one's 0.8 s); then checks that it made none.
+async fn resumed_with_its_late_writes_fenced(
+    a: &Dedupq,
+    provider: &Provider,
+    n: usize,
+    settle: Duration,
+) {
     let resumed_at = chrono::Utc::now();
     a.signal("-CONT");
     eventually(
@@ -67,13 +87,8 @@ async fn a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider
         || async { (a.metric("dedupq_fenced_writes_total").await >= 1.0).then_some(()) },
     )
     .await;
-    // Long enough for every call a would start on its queue to reach the
-    // provider (each waits behind the previous one's 0.8 s).
-    tokio::time::sleep(Duration::from_secs(4)).await;
-
-    no_calls_from_the_resumed_worker(&provider, N, resumed_at).await;
-    a.kill();
-    b.kill();
+    tokio::time::sleep(settle).await;
+    no_calls_from_the_resumed_worker(provider, n, resumed_at).await;
 }
 
 /// Once worker a is resumed (at `resumed_at`) and has had time to start
@@ -113,12 +128,7 @@ async fn no_calls_from_the_resumed_worker(
 async fn amqp_a_worker_resumed_after_a_pause_longer_than_its_lease_calls_the_provider_for_none_of_its_stale_claims(
 ) {
     let (store, store_settings) = isolated_store().await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_millis(800),
-        honour_keys: false,
-        ..Knobs::default()
-    })
-    .await;
+    let provider = slow_provider_without_idempotency().await;
     let (amqp_base, settings) = with_amqp(&base_config(&store_settings, &provider));
     let queue = settings.queues[0].clone();
     let worker = |owner: &str| {
@@ -185,12 +195,7 @@ async fn http_a_replica_resumed_after_a_pause_longer_than_its_lease_calls_the_pr
 ) {
     const API_KEY: &str = "sk_test_t1_0123456789";
     let (store, store_settings) = isolated_store().await;
-    let provider = Provider::start(Knobs {
-        latency: Duration::from_millis(800),
-        honour_keys: false,
-        ..Knobs::default()
-    })
-    .await;
+    let provider = slow_provider_without_idempotency().await;
     let keys = std::env::temp_dir().join(unique("dedupq-paused-keys"));
     std::fs::write(&keys, format!("\"{API_KEY}\" = \"{TENANT}\"\n")).expect("write keys file");
     let base = base_config(&store_settings, &provider);
@@ -258,19 +263,7 @@ async fn http_a_replica_resumed_after_a_pause_longer_than_its_lease_calls_the_pr
         .await;
         assert_eq!(status, 201, "pay-{k}");
     }
-    let resumed_at = chrono::Utc::now();
-    a.signal("-CONT");
-    eventually(
-        Duration::from_secs(20),
-        "the resumed replica's late writes fenced and counted",
-        || async { (a.metric("dedupq_fenced_writes_total").await >= 1.0).then_some(()) },
-    )
-    .await;
-    // Long enough for every call a would start on its queue to reach the
-    // provider (each waits behind the previous one's 0.8 s).
-    tokio::time::sleep(Duration::from_secs(6)).await;
-
-    no_calls_from_the_resumed_worker(&provider, N, resumed_at).await;
+    resumed_with_its_late_writes_fenced(&a, &provider, N, Duration::from_secs(6)).await;
     a.kill();
     b.kill();
 }

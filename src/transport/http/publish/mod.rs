@@ -42,15 +42,12 @@ impl PublishError {
         use rdkafka::error::{KafkaError, RDKafkaErrorCode};
         match self {
             PublishError::Timeout => true,
-            PublishError::Amqp(crate::broker::amqp::PublishError::Channel { op, .. }) => {
-                *op == crate::broker::amqp::CONFIRM_WAIT
-            }
+            PublishError::Amqp(e) => e.may_have_reached_the_broker(),
             PublishError::Kafka { source, .. } => matches!(
                 source,
                 KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)
             ),
             PublishError::AmqpConnect(_) | PublishError::AmqpBlocked => false,
-            PublishError::Amqp(_) => false,
         }
     }
 }
