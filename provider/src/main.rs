@@ -39,7 +39,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    tracing::info!(listen = %args.listen, schema = args.schema, ?knobs, "provider simulator running");
+    // The bound address, so that `--listen 127.0.0.1:0` says which port it got.
+    let listen = listener.local_addr()?;
+    tracing::info!(%listen, schema = args.schema, ?knobs, "provider simulator running");
     let stop = shutdown.clone();
     tokio::spawn(async move {
         tokio::select! {

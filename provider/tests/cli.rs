@@ -41,32 +41,66 @@ fn the_documented_provider_commands_exist_and_parse() {
     }
 }
 
+/// SIGTERM once the simulator has said it listens ends it with status 0,
+/// never by the signal's default action. The port is the one it bound to
+/// `127.0.0.1:0` and read from its log: probing a port chosen beforehand
+/// could reach some other process's listener and signal the simulator
+/// before it set up its handlers.
 #[test]
 fn sigterm_stops_the_simulator() {
+    use std::io::BufRead;
+    use std::process::Stdio;
     use std::time::{Duration, Instant};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let schema = format!("provider_sigterm_{}", std::process::id());
     let mut child = Command::new(env!("CARGO_BIN_EXE_dedupq-provider"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--schema",
-            &schema,
-        ])
+        .args(["--listen", "127.0.0.1:0", "--schema", &schema])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start dedupq-provider");
+    // Every line of its log, read on a thread so that it never blocks on a
+    // full pipe.
+    let (lines, log) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("piped stderr");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    let mut seen = Vec::new();
+    let listen = loop {
+        match log.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                let port = line
+                    .contains("provider simulator running")
+                    .then(|| line.split("listen=127.0.0.1:").nth(1))
+                    .flatten()
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .and_then(|port| port.parse::<u16>().ok());
+                seen.push(line);
+                if let Some(port) = port {
+                    break port;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("the simulator exited:\n{}", seen.join("\n"))
+            }
+        }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the simulator never listened"
+            "the simulator never said it listens:\n{}",
+            seen.join("\n")
         );
-        assert!(child.try_wait().unwrap().is_none(), "the simulator exited");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", listen)).is_ok(),
+        "it listens on the port it logged"
+    );
     let sent = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

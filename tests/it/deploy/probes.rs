@@ -147,20 +147,23 @@ async fn a_role_postgresql_refuses_is_named_as_store_url_and_start_up_follows_it
 }
 
 /// A stop asked for while dedupq still waits for PostgreSQL is a clean
-/// stop: SIGTERM the moment the operator port opens (a script or an
+/// stop: SIGTERM the moment the operator port answers (a script or an
 /// orchestrator that gives up on a pod that never got ready) ends the
-/// process with status 0, never by the signal's default action.
+/// process with status 0, never by the signal's default action. An answer
+/// from `/healthz`, not a bare connect: the port was chosen before dedupq
+/// started, and a connect could reach some other listener on it.
 #[tokio::test]
 async fn sigterm_while_waiting_for_postgresql_is_a_clean_stop() {
     let provider = Provider::start(Knobs::default()).await;
     let port = free_port();
     let url = format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres");
-    let (mut dedupq, _) = launch(&provider, url, &unique("stop_early"));
+    let (mut dedupq, base) = launch(&provider, url, &unique("stop_early"));
 
-    support::eventually(Duration::from_secs(20), "the operator port", || async {
-        TcpStream::connect(dedupq.http).await.ok()
+    let alive = support::eventually(Duration::from_secs(20), "/healthz", || async {
+        get(&format!("{base}/healthz")).await
     })
     .await;
+    assert_eq!(alive.0, 200, "{}", alive.1);
     dedupq.signal("-TERM");
     let status = dedupq.wait_exit(Duration::from_secs(20)).await;
     assert!(
