@@ -3,7 +3,10 @@
 
 use super::knobs::OddAnswer;
 use super::ledger::Answer;
-use axum::http::header::{ALLOW, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::body::{Body, Bytes};
+use axum::http::header::{
+    ALLOW, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -95,6 +98,30 @@ pub(crate) fn declined() -> Answer {
 }
 
 /// The 5xx a request gets after it charged (`error_after_charge`).
+/// `answer` broken off: its status and headers with its whole length
+/// declared, half its body, then an error that makes the server drop the
+/// connection.
+pub(crate) fn cut_off(answer: &Answer) -> Response {
+    use futures::StreamExt;
+    let half = Bytes::copy_from_slice(&answer.body[..answer.body.len() / 2]);
+    let sent = futures::stream::once(async { Ok::<_, std::io::Error>(half) });
+    // A moment later, so that the status, headers and half the body are
+    // written before the connection drops.
+    let broken = futures::stream::once(async {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the answer breaks off here",
+        ))
+    });
+    let mut response = answer.clone().into_response();
+    *response.body_mut() = Body::from_stream(sent.chain(broken));
+    response
+        .headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(answer.body.len()));
+    response
+}
+
 pub(crate) fn after_charge_error(status: u16) -> Answer {
     let body = json!({ "error": "internal", "detail": "the provider failed after charging" });
     Answer {

@@ -5,7 +5,7 @@
 use super::answer::{self, error};
 use super::api::AppState;
 use super::canonical::{hex, write_canonical};
-use super::knobs::{AfterCharge, Compare, Fate, Knobs};
+use super::knobs::{AfterCharge, Compare, Fate, Knobs, OddAnswer};
 use super::ledger::{Answer, Caller, Existing, Ledger, Received};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -155,6 +155,17 @@ async fn charge(
             response: failed.into_response(),
             delivers,
         };
+    }
+    if fate.odd_answer == Some(OddAnswer::CutBody) {
+        // The charge completes with its whole answer (a repeat replays it);
+        // this request's answer breaks off, so it is not noted as answered.
+        let cut = answer::cut_off(&answer);
+        let finished = finish(&s.ledger, id, answer, &fate, &knobs).await;
+        if finished.delivers.is_none() {
+            // The charge did not complete: its error is the answer.
+            return finished;
+        }
+        return cut.into();
     }
     finish(&s.ledger, id, answer, &fate, &knobs).await
 }

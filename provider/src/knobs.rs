@@ -27,6 +27,10 @@ pub enum OddAnswer {
     /// A raw NUL byte and bytes that are not UTF-8: not JSON at all,
     /// though labelled `application/json`.
     RawBytes,
+    /// The charge's `201` and headers, its full length declared, then half
+    /// its body and the connection dropped: the answer breaks off. The
+    /// charge keeps its whole answer, which a repeat replays.
+    CutBody,
 }
 
 /// The longest `answer_padding`.

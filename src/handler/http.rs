@@ -365,16 +365,12 @@ impl Handler for HttpHandler {
         let retry_after = retry_after(response.headers());
         match self.read(response).await {
             Ok(result) => self.classify(call.uncertain, result, retry_after),
-            // The provider answered success but the body broke off: it did
-            // act, and what it said is lost.
-            Err(e) if status.is_success() => {
-                tracing::warn!(error = %e.without_url(), "provider answered success but its body could not be read; stored without it");
-                HandlerOutcome::Success(HandlerResult {
-                    status: i32::from(status.as_u16()),
-                    body: Vec::new(),
-                    content_type: None,
-                })
-            }
+            // The answer broke off (the connection dropped, or the timeout
+            // ran out, part-way through its body). Even a 2xx is not stored
+            // so: its body (the charge's id) is lost, and a client replayed
+            // an empty success could not reconcile it. The provider may
+            // have acted, so the key is unknown; the retry with the same
+            // derived key (or `handler.lookup_url`) gets the whole answer.
             Err(e) => HandlerOutcome::Unknown {
                 error: format!("the answer ({status}) broke off: {}", e.without_url()),
             },

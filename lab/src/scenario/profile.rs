@@ -200,7 +200,8 @@ impl Profile {
             // Hostile input and a provider that honours keys as Stripe does
             // (409 while a charged request still runs, 422 for other bytes
             // under the same key), slow past the handler timeout, hanging,
-            // and answering what jsonb cannot hold. SIGKILLs, but no
+            // answering what jsonb cannot hold, and breaking its answers off
+            // half-way. SIGKILLs, but no
             // service restarts or forced RabbitMQ closes: it runs next to
             // other users of the same services.
             "hostile" => Profile {
@@ -228,6 +229,11 @@ impl Profile {
                         20,
                         json!({"odd_answer": "raw_bytes", "odd_answer_next": 40}),
                         5,
+                    ),
+                    stretch(
+                        24,
+                        json!({"odd_answer": "cut_body", "odd_answer_next": 20}),
+                        3,
                     ),
                     stretch(27, json!({"hang_after_charge_rate": 0.03}), 6),
                     stretch(36, json!({"latency": "300ms"}), 5),

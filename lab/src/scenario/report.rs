@@ -152,6 +152,10 @@ impl Report {
                 &self.check.done_but_not_charged,
             ),
             (
+                "stored done without the provider's answer",
+                &self.check.answer_lost,
+            ),
+            (
                 "stored failed, neither charged nor refused by the provider",
                 &self.check.failed_not_refused,
             ),
@@ -327,6 +331,11 @@ impl fmt::Display for Report {
             f,
             "stored done but not charged",
             self.check.done_but_not_charged.len().to_string(),
+        )?;
+        row(
+            f,
+            "stored done without the provider's answer",
+            self.check.answer_lost.len().to_string(),
         )?;
         row(
             f,

@@ -141,6 +141,9 @@ pub struct ChargeCheck {
     pub failed_but_charged: Vec<String>,
     /// Stored `done` with no charge in the provider's ledger.
     pub done_but_not_charged: Vec<String>,
+    /// Stored `done`, charged, but the stored answer names no charge: the
+    /// provider's answer (the charge's id) was lost.
+    pub answer_lost: Vec<String>,
     /// Stored `failed`, and the provider agrees (it declined, no charge).
     pub failed_declined: usize,
     /// Stored `failed`, though the provider neither charged nor refused
@@ -235,13 +238,15 @@ pub(super) fn check_charges(
         for c in &made {
             *per_attempt.entry(c.attempt.unwrap_or(0)).or_default() += 1;
         }
-        let stored = state.charge_id.as_deref();
-        if !made
-            .iter()
-            .any(|c| Some(format!("ch_{}", c.id).as_str()) == stored)
-        {
+        let Some(stored) = state.charge_id.as_deref() else {
+            out.answer_lost.push(format!(
+                "{key}: stored done, and the stored answer names no charge"
+            ));
+            continue;
+        };
+        if !made.iter().any(|c| format!("ch_{}", c.id) == stored) {
             out.double_charged.push(format!(
-                "{key}: the stored result names {stored:?}, not a charge of this key"
+                "{key}: the stored result names {stored}, not a charge of this key"
             ));
             continue;
         }
@@ -256,7 +261,7 @@ pub(super) fn check_charges(
             out.repeated_after_abandoned_attempt += made.len() - 1;
             out.repeated_by_killed_process += made
                 .iter()
-                .filter(|c| Some(format!("ch_{}", c.id).as_str()) != stored)
+                .filter(|c| format!("ch_{}", c.id) != stored)
                 .filter(|c| c.owner_pid().is_some_and(|pid| killed.contains(&pid)))
                 .count();
         }
@@ -458,6 +463,7 @@ mod tests {
     fn every_stored_outcome_is_held_against_the_providers_ledger() {
         let expected: Vec<String> = [
             "t:ok",
+            "t:lost",
             "t:failed-charged",
             "t:failed",
             "t:declined",
@@ -472,6 +478,7 @@ mod tests {
         .collect();
         let keys: HashMap<String, KeyState> = [
             ("t:ok", key("done", false, Some("ch_1"))),
+            ("t:lost", key("done", false, None)),
             ("t:failed-charged", key("failed", false, None)),
             ("t:failed", key("failed", false, None)),
             ("t:declined", key("failed", false, None)),
@@ -485,6 +492,7 @@ mod tests {
         .collect();
         let charges = vec![
             charge(1, "t:ok"),
+            charge(4, "t:lost"),
             charge(2, "t:failed-charged"),
             charge(3, "t:held-charged"),
         ];
@@ -498,6 +506,7 @@ mod tests {
         };
         let ledger: HashMap<String, Ledgered> = [
             ("t:ok", charged),
+            ("t:lost", charged),
             ("t:failed-charged", charged),
             ("t:held-charged", charged),
             ("t:declined", refused),
@@ -507,7 +516,7 @@ mod tests {
         .collect();
 
         let out = check_charges(&expected, &keys, &charges, &ledger, &[]);
-        assert_eq!(out.charged_keys, 1);
+        assert_eq!(out.charged_keys, 2, "ok and lost");
         assert_eq!(out.failed_but_charged.len(), 1);
         assert!(out.failed_but_charged[0].starts_with("t:failed-charged"));
         assert_eq!(out.failed_declined, 1);
@@ -527,6 +536,8 @@ mod tests {
         assert_eq!(out.unfinished, vec!["t:open (in_progress)".to_string()]);
         assert_eq!(out.missing, vec!["t:absent".to_string()]);
         assert!(out.double_charged.is_empty());
+        assert_eq!(out.answer_lost.len(), 1);
+        assert!(out.answer_lost[0].starts_with("t:lost"));
     }
 
     #[test]

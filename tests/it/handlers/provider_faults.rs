@@ -2,7 +2,7 @@ use crate::support::{self, process::Provider};
 use dedupq::engine::{Action, Outcome};
 use dedupq::handler::{Handler, HandlerCall, HttpHandler};
 use dedupq::store::KeyStatus;
-use dedupq_provider::{Knobs, DECLINED_CARD};
+use dedupq_provider::{Knobs, OddAnswer, DECLINED_CARD};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +72,42 @@ async fn a_provider_that_charges_and_never_answers_is_unknown_then_retried_with_
     let charges = provider.charges_for("acme:hang-1").await;
     assert_eq!(charges.len(), 1, "the retry reused the key: one charge");
     assert_eq!(provider.stats().await.double_charged, 0);
+}
+
+/// A `201` whose body breaks off (the connection drops half-way) is not
+/// stored as an empty success: the charge's id would be lost to every
+/// replay. The key is unknown, and the retry with the same key gets the
+/// provider's whole answer, which is what is stored and replayed.
+#[tokio::test]
+async fn a_charge_whose_answer_breaks_off_is_unknown_and_its_retry_stores_the_whole_answer() {
+    let provider = Provider::start(Knobs {
+        odd_answer: Some(OddAnswer::CutBody),
+        odd_answer_next: 1,
+        ..Knobs::default()
+    })
+    .await;
+    let engine = super::payment_engine(&provider, Duration::from_secs(5)).await;
+    let msg = support::message("acme", "cut-1", r#"{"amount": 8, "currency": "EUR"}"#);
+
+    let decisions = super::deliver_until_settled(&engine, &msg).await;
+    let again = engine.process(&[msg]).await.unwrap();
+
+    assert_eq!(decisions[0].outcome, Outcome::Unknown, "{decisions:?}");
+    assert_eq!(decisions.last().unwrap().outcome, Outcome::Takeover);
+    let charges = provider.charges_for("acme:cut-1").await;
+    assert_eq!(charges.len(), 1, "the retry reused the key: one charge");
+    match &again[0].action {
+        Action::Commit { reply: Some(r) } => {
+            // The simulator replays a charge with 200.
+            assert_eq!((r.status, r.result_status), (KeyStatus::Done, 200));
+            assert_eq!(
+                support::json_of(&r.body)["id"],
+                format!("ch_{}", charges[0].id),
+                "the stored answer names the charge"
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
 }
 
 /// Sends a fresh key on every attempt, as a client without a derived key would.
