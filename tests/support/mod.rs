@@ -5,6 +5,7 @@
 pub mod amqp;
 pub mod cli;
 pub mod endpoints;
+pub mod forward;
 pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;

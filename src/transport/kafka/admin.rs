@@ -4,14 +4,50 @@
 
 use super::error::KafkaError;
 use super::replay::{CheckInterval, Replay};
+use crate::backoff::{self, Backoff, Gave};
 use crate::config::KafkaSettings;
+use crate::health::{Component, Health};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::metadata::Metadata;
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs the start-up `request` (`what` it does, for the log) until a
+/// broker answers it. While none can be reached (the cluster restarting,
+/// dedupq started first), the transport is down on /readyz with the cause
+/// and the request is tried again after a growing wait; any other error
+/// ends it. `Gave::Stopped` once `shutdown` is cancelled meanwhile.
+pub(crate) async fn when_reachable<T, Fut>(
+    what: &str,
+    health: &Health,
+    shutdown: &CancellationToken,
+    request: impl FnMut() -> Fut,
+) -> Result<T, Gave<KafkaError>>
+where
+    Fut: Future<Output = Result<T, KafkaError>>,
+{
+    let answered = backoff::wait_out(
+        Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
+        shutdown,
+        KafkaError::is_unreachable,
+        |e, attempt, delay| {
+            let cause = crate::telemetry::chain(e).to_string();
+            tracing::warn!(error = %cause, attempt, ?delay, "Kafka not reachable yet ({what}); retrying");
+            health.set_down(Component::Kafka, format!("unreachable ({what}): {cause}"));
+        },
+        request,
+    )
+    .await;
+    if answered.is_ok() {
+        health.set_down(Component::Kafka, "starting");
+    }
+    answered
+}
 
 fn admin(settings: &KafkaSettings) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
     crate::broker::kafka::admin(settings)

@@ -36,6 +36,36 @@ pub enum KafkaError {
     BatchTask(#[source] tokio::task::JoinError),
 }
 
+impl KafkaError {
+    /// A start-up request that no broker answered (none reachable, the
+    /// request timed out, as while the cluster restarts): waiting cures it.
+    /// A refusal (authentication, authorisation) or a cluster that does not
+    /// fit the settings does not.
+    pub fn is_unreachable(&self) -> bool {
+        use rdkafka::error::{KafkaError as Rd, RDKafkaErrorCode as Code};
+        let Self::Admin(e) = self else {
+            return false;
+        };
+        let code = match e {
+            Rd::AdminOp(code) => Some(*code),
+            other => other.rdkafka_error_code(),
+        };
+        matches!(
+            code,
+            Some(
+                Code::BrokerTransportFailure
+                    | Code::Resolve
+                    | Code::AllBrokersDown
+                    | Code::OperationTimedOut
+                    | Code::TimedOutQueue
+                    | Code::RequestTimedOut
+                    | Code::BrokerNotAvailable
+                    | Code::NetworkException
+            )
+        )
+    }
+}
+
 /// Why a dead-letter or reply record could not be confirmed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProduceError {

@@ -19,11 +19,13 @@ mod replay;
 mod reply;
 
 pub use crate::config::KafkaSettings;
+pub(crate) use admin::when_reachable;
 pub use admin::{cluster, produced_topics, topic_replays, Cluster};
 pub use error::{KafkaError, ProduceError};
 pub use reload::run_reloading;
 pub use replay::{CheckInterval, Replay};
 
+use crate::backoff::Gave;
 use crate::broker::{self, kafka::Producing};
 use crate::engine::Pipeline;
 use crate::health::Health;
@@ -46,7 +48,18 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), KafkaError> {
     settings.validate().map_err(KafkaError::Settings)?;
-    admin::ensure_produced_topics(&settings).await?;
+    let topics_exist = admin::when_reachable(
+        "checking the dead-letter and reply topics",
+        &health,
+        &shutdown,
+        || admin::ensure_produced_topics(&settings),
+    )
+    .await;
+    match topics_exist {
+        Ok(()) => {}
+        Err(Gave::Stopped(_)) => return Ok(()),
+        Err(Gave::Up(e)) => return Err(e),
+    }
     let ledger = Arc::new(Ledger::default());
     let metrics = pipeline.metrics().clone();
     let context = Context {

@@ -2,29 +2,13 @@
 //! PostgreSQL cannot be reached at start-up (a liveness probe must not kill
 //! a pod that waits for its database); /readyz says why it is not ready.
 
+use crate::support::forward::forward;
 use crate::support::process::{base_config, free_port, Dedupq, Provider};
 use crate::support::{self, unique};
 use dedupq::config::{SecretUrl, StoreSettings};
 use dedupq_provider::Knobs;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-
-/// Forwards `port` to the shared PostgreSQL: the database "appears" on a
-/// port where nothing listened, without touching the shared server.
-async fn forward_to_postgres(port: u16) -> tokio::task::JoinHandle<()> {
-    let listener = TcpListener::bind(("127.0.0.1", port))
-        .await
-        .expect("bind the forwarded port");
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut server) = TcpStream::connect("127.0.0.1:5432").await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    })
-}
+use tokio::net::TcpListener;
 
 /// dedupq started against `url`, migrating `schema`; and its HTTP base.
 fn launch(provider: &Provider, url: String, schema: &str) -> (Dedupq, String) {
@@ -65,7 +49,7 @@ async fn probes_answer_while_postgresql_is_unreachable_and_ready_follows_it() {
     assert!(readyz.to_lowercase().contains("refused"), "{readyz}");
     assert!(dedupq.exit_status().is_none(), "it waits for PostgreSQL");
 
-    let forwarder = forward_to_postgres(port).await;
+    let forwarder = forward(port, "127.0.0.1:5432".into()).await;
     dedupq
         .wait_ready(Duration::from_secs(30))
         .await
