@@ -170,6 +170,22 @@ impl App {
         self.post("payments", Some(ACME_KEY), Some(key), body).await
     }
 
+    /// `pay`, sent again as a client does while it is answered 409 (the
+    /// key still being decided, also in the moment between its outcome's
+    /// commit and the end of its decision), after the `Retry-After` each
+    /// 409 gives; at most 20 times.
+    pub async fn pay_honouring_409(&self, key: &str, body: &str) -> Reply {
+        let mut tries = 1;
+        loop {
+            let r = self.pay(key, body).await;
+            if r.status != 409 || tries == 20 {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_secs(r.retry_after())).await;
+            tries += 1;
+        }
+    }
+
     pub async fn post(
         &self,
         route: &str,

@@ -316,7 +316,7 @@ async fn a_request_past_the_request_timeout_answers_504_and_its_outcome_is_still
         (app.status("acme", "pay-s1").await.as_deref() == Some("done")).then_some(())
     })
     .await;
-    let later = app.pay("pay-s1", BODY).await;
+    let later = app.pay_honouring_409("pay-s1", BODY).await;
     assert_eq!((later.status, later.replayed()), (201, true), "{later:?}");
     assert_eq!(provider.stats().await.charges, 1);
 }
