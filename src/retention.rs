@@ -4,9 +4,14 @@
 //! idle replay the topic from `earliest`, and every purged key charges
 //! again (providers forget their keys after a day or so too).
 
+use crate::backoff::Gave;
 use crate::config::{ConfigError, Keep, Settings};
-use crate::transport::kafka::Replay;
+use crate::health::Health;
+use crate::startup::StoppedDuringStartUp;
+use crate::telemetry::chain;
+use crate::transport::kafka::{self, Replay};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// The shortest `auto` keep: a day.
 const AUTO_FLOOR: Duration = Duration::from_secs(24 * 3600);
@@ -21,11 +26,33 @@ const AUTO_MARGIN: Duration = Duration::from_secs(3600);
 /// `retention.allow_shorter_than_topics` says the operator accepts it.
 /// `auto` becomes that longest replay, never less than a day nor less than
 /// an hour past the redelivery horizon.
-pub async fn keep(settings: &Settings) -> anyhow::Result<Duration> {
+///
+/// A Kafka cluster that cannot be reached yet (restarting, or started
+/// after dedupq) is waited for, not ready on `health` meanwhile; a stop
+/// while waiting ends start-up cleanly ([`StoppedDuringStartUp`]).
+pub async fn keep(
+    settings: &Settings,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Duration> {
     let topics = if settings.kafka.topics.is_empty() {
         Vec::new()
     } else {
-        crate::transport::kafka::topic_replays(&settings.kafka).await?
+        let described = kafka::when_reachable(
+            "reading the source topics' retention",
+            health,
+            shutdown,
+            || kafka::topic_replays(&settings.kafka),
+        )
+        .await;
+        match described {
+            Ok(topics) => topics,
+            Err(Gave::Stopped(e)) => {
+                tracing::info!(error = %chain(&e), "stopped while waiting for Kafka");
+                return Err(StoppedDuringStartUp.into());
+            }
+            Err(Gave::Up(e)) => return Err(e.into()),
+        }
     };
     Ok(resolve(settings, &topics)?)
 }

@@ -1,7 +1,6 @@
 //! Builds the whole service from a configuration. Production (`dedupq run`)
 //! and the tests call the same `Application::build`.
 
-use crate::backoff::Gave;
 use crate::config::Settings;
 use crate::engine::{
     Engine, EngineOptions, Parser, Pipeline, TransactionalEngine, TransactionalHandler,
@@ -144,11 +143,11 @@ impl Application {
                 .context("http server task")?
                 .context("http server")
         });
-        let keep = match retention_keep(&settings, &health, &shutdown).await {
+        let keep = match crate::retention::keep(&settings, &health, &shutdown).await {
             Ok(keep) => keep,
             Err(e) => {
                 shutdown.cancel();
-                return Err(e);
+                return Err(e).context("checking key retention against the Kafka topics");
             }
         };
         tracing::info!(keep = %humantime::format_duration(keep), "retention: finished keys are kept this long");
@@ -309,38 +308,6 @@ impl Parts {
             shutdown: self.shutdown,
         }
     }
-}
-
-/// How long finished keys are kept (`retention.keep`, resolved against
-/// how long the Kafka topics can replay). A cluster that cannot be reached
-/// yet (restarting, or started after dedupq) is waited for, not ready
-/// meanwhile; a stop while waiting ends start-up cleanly.
-async fn retention_keep(
-    settings: &Settings,
-    health: &Health,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Duration> {
-    let context = "checking key retention against the Kafka topics";
-    let topics = if settings.kafka.topics.is_empty() {
-        Vec::new()
-    } else {
-        let described = transport::kafka::when_reachable(
-            "reading the source topics' retention",
-            health,
-            shutdown,
-            || transport::kafka::topic_replays(&settings.kafka),
-        )
-        .await;
-        match described {
-            Ok(topics) => topics,
-            Err(Gave::Stopped(e)) => {
-                tracing::info!(error = %chain(&e), "stopped while waiting for Kafka");
-                return Err(StoppedDuringStartUp.into());
-            }
-            Err(Gave::Up(e)) => return Err(e).context(context),
-        }
-    };
-    crate::retention::resolve(settings, &topics).context(context)
 }
 
 /// Connects and migrates (or checks) the key table's schema, retrying

@@ -97,7 +97,6 @@ pub(crate) fn declined() -> Answer {
     }
 }
 
-/// The 5xx a request gets after it charged (`error_after_charge`).
 /// `answer` broken off: its status and headers with its whole length
 /// declared, half its body, then an error that makes the server drop the
 /// connection.
@@ -122,6 +121,7 @@ pub(crate) fn cut_off(answer: &Answer) -> Response {
     response
 }
 
+/// The 5xx a request gets after it charged (`error_after_charge`).
 pub(crate) fn after_charge_error(status: u16) -> Answer {
     let body = json!({ "error": "internal", "detail": "the provider failed after charging" });
     Answer {

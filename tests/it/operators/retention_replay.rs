@@ -11,7 +11,9 @@
 use crate::support::process::Dedupq;
 use crate::support::{isolated_store, kafka, unique};
 use dedupq::config::{Settings, StoreSettings};
+use dedupq::health::Health;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 const ONE_HOUR: &str = "3600000";
@@ -35,7 +37,7 @@ fn settings(topic: &str, keep: &str) -> Settings {
 /// The start-up retention check for `topic` with `keep`; the error as
 /// dedupq prints it.
 async fn check(settings: &Settings) -> Result<(), String> {
-    dedupq::retention::keep(settings)
+    dedupq::retention::keep(settings, &Health::default(), &CancellationToken::new())
         .await
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))
