@@ -20,7 +20,7 @@ use lapin::{Channel, Connection, Consumer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -108,22 +108,32 @@ impl Worker {
             if self.cautious
                 && self.shared.acked.load(Ordering::Relaxed) >= settings.cautious_acks as usize
             {
-                heartbeat
-                    .waiting(async { while tasks.join_next().await.is_some() {} })
-                    .await;
-                match heartbeat.waiting(self.leave_caution()).await {
+                // Every wait here ends at `halt`: what is still running is
+                // then given the bounded drain below, as anywhere else. A
+                // batch can wait for good: lapin drops an ack whose channel
+                // died after the ack was asked for, and never resolves it.
+                if until_halted(&halt, &heartbeat, all_done(&mut tasks))
+                    .await
+                    .is_none()
+                {
+                    break;
+                }
+                match until_halted(&halt, &heartbeat, self.leave_caution()).await {
+                    None => break,
                     // Delivered to the cautious consumer before its cancel:
                     // first in the queue's order, so handled before any
                     // delivery of the new consumer.
-                    Ok(left) if !left.is_empty() => {
-                        let handled = heartbeat.waiting(self.shared.handle(left, &halt)).await;
-                        if let Err(e) = handled {
-                            record(&failure, e);
+                    Some(Ok(left)) if !left.is_empty() => {
+                        self.spawn_batch(&mut tasks, left, &halt, &failure, None);
+                        if until_halted(&halt, &heartbeat, all_done(&mut tasks))
+                            .await
+                            .is_none()
+                        {
                             break;
                         }
                     }
-                    Ok(_) => {}
-                    Err(e) => {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
                         record(&failure, e);
                         break;
                     }
@@ -156,14 +166,7 @@ impl Worker {
                     break;
                 }
             };
-            let (shared, halt, failure) = (self.shared.clone(), halt.clone(), failure.clone());
-            tasks.spawn(async move {
-                if let Err(e) = shared.handle(deliveries, &halt).await {
-                    record(&failure, e);
-                    halt.cancel();
-                }
-                drop(permit);
-            });
+            self.spawn_batch(&mut tasks, deliveries, &halt, &failure, Some(permit));
             while tasks.try_join_next().is_some() {}
         }
         // The drain is bounded by amqp.drain_timeout, not watched.
@@ -183,6 +186,26 @@ impl Worker {
         }
         let first = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
         first.map_or(Ok(()), Err)
+    }
+
+    /// Handles `deliveries` in a task of `tasks`; its failure is recorded
+    /// and halts the worker. The permit, if any, is held until it ends.
+    fn spawn_batch(
+        &self,
+        tasks: &mut JoinSet<()>,
+        deliveries: Vec<Delivery>,
+        halt: &CancellationToken,
+        failure: &Arc<Mutex<Option<AmqpError>>>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) {
+        let (shared, halt, failure) = (self.shared.clone(), halt.clone(), failure.clone());
+        tasks.spawn(async move {
+            if let Err(e) = shared.handle(deliveries, &halt).await {
+                record(&failure, e);
+                halt.cancel();
+            }
+            drop(permit);
+        });
     }
 
     /// Enough deliveries went through one at a time: consume with the
@@ -256,6 +279,29 @@ async fn consume(channel: &Channel, queue: &str, prefetch: u16) -> Result<Consum
         .basic_consume(queue.into(), "".into(), options, FieldTable::default())
         .await
         .map_err(AmqpError::channel("basic.consume"))
+}
+
+/// Waits for every batch task to end.
+async fn all_done(tasks: &mut JoinSet<()>) {
+    while tasks.join_next().await.is_some() {}
+}
+
+/// What `work` gives, or `None` if `halt` fires first; the heartbeat
+/// beats meanwhile.
+async fn until_halted<T>(
+    halt: &CancellationToken,
+    heartbeat: &Heartbeat,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    heartbeat
+        .waiting(async {
+            tokio::select! {
+                biased;
+                _ = halt.cancelled() => None,
+                done = work => Some(done),
+            }
+        })
+        .await
 }
 
 fn record(slot: &Mutex<Option<AmqpError>>, e: AmqpError) {

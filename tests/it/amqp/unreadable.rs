@@ -426,3 +426,125 @@ async fn leaving_one_at_a_time_consumption_after_a_closed_session_strands_no_del
     );
     client.cleanup(&settings).await;
 }
+
+/// A connection lost while a cautious session (one delivery at a time,
+/// after a failed one) waits for its batch before leaving caution: the
+/// session ends within `amqp.drain_timeout`, as any other, and dedupq
+/// connects again. Waiting for the batch instead held the queue for as long
+/// as its handler ran, and for good when the batch's ack never resolved on
+/// the dead connection (seen once in a hostile chaos run: a queue stalled
+/// with one delivery in hand, no session for 100 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_lost_while_a_cautious_session_waits_for_a_handler_ends_within_the_drain_bound(
+) {
+    const SLOW: Duration = Duration::from_secs(25);
+    let provider = Provider::start(Knobs {
+        slow_after_charge: SLOW,
+        ..Knobs::default()
+    })
+    .await;
+    let connection_name = unique("dedupq-caution-lost");
+    let settings = AmqpSettings {
+        connection_name: connection_name.clone(),
+        delivery_limit: 10,
+        // The copy that comes back waits out the lost batch's lease.
+        retry_delay_max: Duration::from_secs(5),
+        ..limited(1)
+    };
+    let queue = settings.queues[0].clone();
+    let (_, store) = isolated_store().await;
+    let mut config = base_config(&store, &provider);
+    config.insert("amqp".into(), amqp::config_section(&settings));
+    // One try of the handler outlasts the session's drain.
+    config["engine"]["lease"] = "30s".into();
+    config["handler"]["timeout"] = "20s".into();
+    let dedupq = Dedupq::start(&config).await;
+    super::crash::wait_ready(&dedupq).await;
+    let client = Client::connect().await;
+    let listed = || async {
+        let listed = connections_named(&connection_name).await;
+        (listed.len() == 1).then(|| listed[0].clone())
+    };
+    let reconnected = |before: serde_json::Value| {
+        let listed = &listed;
+        async move {
+            let again = listed().await?;
+            (again["connected_at"] != before["connected_at"]).then_some(again)
+        }
+    };
+
+    // A failed session: the next one consumes one delivery at a time.
+    let first = eventually(Duration::from_secs(20), "dedupq connects", listed).await;
+    close_connection(&first).await;
+    let cautious = eventually(Duration::from_secs(20), "dedupq connects again", || {
+        reconnected(first.clone())
+    })
+    .await;
+
+    // One ack of caution...
+    client.publish(&queue, &payment("fast", 1)).await;
+    eventually(
+        Duration::from_secs(20),
+        "the first payment charged",
+        || async {
+            (provider.charges_for(&format!("{TENANT}:fast")).await.len() == 1).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // ...then a payment whose provider answers after SLOW: the session
+    // waits for its handler before it consumes with the normal prefetch.
+    provider
+        .set_knobs(serde_json::json!({ "slow_after_charge_next": 1 }))
+        .await;
+    client.publish(&queue, &payment("slow", 2)).await;
+    eventually(
+        Duration::from_secs(20),
+        "the slow payment charged",
+        || async {
+            (provider.charges_for(&format!("{TENANT}:slow")).await.len() == 1).then_some(())
+        },
+    )
+    .await;
+
+    close_connection(&cautious).await;
+    let lost = Instant::now();
+    let bound = DRAIN + Duration::from_secs(5);
+    loop {
+        if reconnected(cautious.clone()).await.is_some() {
+            break;
+        }
+        assert!(
+            lost.elapsed() < bound,
+            "no new session {bound:?} after the connection was lost (the provider answers after {SLOW:?}):\n{}",
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("connected again {:?} after the loss", lost.elapsed());
+
+    // The slow payment comes back; once its lease is over it is taken over,
+    // and the retry with its derived key stores the provider's one charge.
+    let stored =
+        |outcome: &str| format!(r#"dedupq_messages_total{{transport="amqp",outcome="{outcome}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let processed = dedupq.metric(&stored("processed")).await;
+        let taken_over = dedupq.metric(&stored("takeover")).await;
+        if processed + taken_over >= 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow payment has no outcome 90 s after the loss:\n{}",
+            dedupq.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        provider.charges_for(&format!("{TENANT}:slow")).await.len(),
+        1
+    );
+    assert_eq!(provider.stats().await.charges, 2, "one charge each");
+    client.cleanup(&settings).await;
+}
