@@ -258,13 +258,11 @@ async fn finish(ledger: &Ledger, id: i64, answer: Answer, fate: &Fate, knobs: &K
         let (ledger, answer) = (ledger.clone(), answer.clone());
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            ledger.succeed(id, &answer).await
+            complete(&ledger, id, &answer).await;
         })
     };
-    match completing.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return internal(e).into(),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e).into(),
+    if let Err(e) = completing.await {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "charge_task", e).into();
     }
     Reply {
         response: answer.into_response(),
@@ -286,10 +284,24 @@ impl Drop for CompleteOnDrop {
             return;
         };
         let (ledger, id) = (self.ledger.clone(), self.id);
-        runtime.spawn(async move {
-            if let Err(e) = ledger.succeed(id, &answer).await {
-                tracing::warn!(error = %e, id, "completing a hung charge failed");
+        runtime.spawn(async move { complete(&ledger, id, &answer).await });
+    }
+}
+
+/// Marks a recorded charge succeeded, trying again while the ledger's
+/// database cannot be written (restarting, refusing connections): a charge
+/// that was made completes, as a real provider's does, instead of staying
+/// running and answering every repeat 409 for good.
+async fn complete(ledger: &Ledger, id: i64, answer: &Answer) {
+    let mut wait = std::time::Duration::from_millis(50);
+    loop {
+        match ledger.succeed(id, answer).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, id, ?wait, "completing a charge failed; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(2));
             }
-        });
+        }
     }
 }

@@ -458,6 +458,8 @@ pub fn metric_value(exposition: &str, series: &str) -> f64 {
 /// and schema.
 pub struct Provider {
     pub base: String,
+    /// The schema of its ledger.
+    pub schema: String,
     shutdown: CancellationToken,
     client: reqwest::Client,
 }
@@ -474,13 +476,15 @@ impl Provider {
         let shutdown = CancellationToken::new();
         let schema = unique("prov");
         let stop = shutdown.clone();
+        let serving = schema.clone();
         tokio::spawn(async move {
-            dedupq_provider::serve(listener, &super::database_url(), &schema, knobs, stop)
+            dedupq_provider::serve(listener, &super::database_url(), &serving, knobs, stop)
                 .await
                 .expect("provider serves");
         });
         let provider = Self {
             base,
+            schema,
             shutdown,
             client: reqwest::Client::new(),
         };

@@ -74,6 +74,67 @@ async fn the_lookup_of_a_key_whose_request_still_runs_is_409() {
     assert_eq!(after.status(), 200);
 }
 
+/// A charge made while the ledger cannot record its completion (the
+/// simulator's database restarting, as in a chaos run beside a PostgreSQL
+/// restart) completes once it can: it does not stay running, answering
+/// every repeat 409 for good.
+#[tokio::test]
+async fn a_charge_whose_completion_cannot_be_written_at_first_completes_once_it_can() {
+    let provider = Provider::start(Knobs {
+        latency: Duration::from_millis(300),
+        ..Knobs::default()
+    })
+    .await;
+    let db = sqlx::PgPool::connect(&crate::support::database_url())
+        .await
+        .expect("connect");
+    let schema = &provider.schema;
+    sqlx::raw_sql(&format!(
+        r#"CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'the ledger cannot be written'; END $$;
+           CREATE TRIGGER refuse BEFORE UPDATE ON "{schema}".provider_charges
+             FOR EACH ROW WHEN (NEW.state = 'succeeded') EXECUTE FUNCTION "{schema}".refuse();"#
+    ))
+    .execute(&db)
+    .await
+    .expect("a trigger refusing completions");
+    let running = {
+        let url = provider.charges_url();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("idempotency-key", "acme:refused")
+                .json(&json!({"amount": 1}))
+                .send()
+                .await
+        })
+    };
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the charge is recorded",
+        || async { (!provider.charges_for("acme:refused").await.is_empty()).then_some(()) },
+    )
+    .await;
+    // Past the latency: the completion has been refused at least once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(provider.lookup("acme:refused").await.status(), 409);
+
+    sqlx::raw_sql(&format!(
+        r#"DROP TRIGGER refuse ON "{schema}".provider_charges"#
+    ))
+    .execute(&db)
+    .await
+    .expect("drop the trigger");
+    let answered = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("answered once the ledger can be written")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answered.status(), 201);
+    assert_eq!(provider.lookup("acme:refused").await.status(), 200);
+    assert_eq!(provider.charges_for("acme:refused").await.len(), 1);
+}
+
 #[tokio::test]
 async fn after_the_provider_forgets_its_keys_a_retry_charges_again_and_the_ledger_shows_both() {
     let provider = Provider::start(Knobs::default()).await;
