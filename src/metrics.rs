@@ -72,6 +72,9 @@ pub struct Inner {
     /// `dedupq_stalled_lanes{transport}`: partitions or queues with waiting
     /// messages and no progress.
     pub stalled_lanes: IntGaugeVec,
+    /// `dedupq_kafka_client_restarts_total`: consumers rebuilt after no
+    /// broker was reached for `kafka.restart_after_down`.
+    pub kafka_client_restarts: IntCounter,
     /// `dedupq_replies_failed_total{transport}`: replies that could not be
     /// delivered (the outcome stays stored).
     pub replies_failed: IntCounterVec,
@@ -265,6 +268,10 @@ impl Metrics {
                     "Partitions or queues with waiting messages that made no progress lately"
                 ),
                 &["transport"]
+            )),
+            kafka_client_restarts: register!(IntCounter::new(
+                "dedupq_kafka_client_restarts_total",
+                "Kafka consumers rebuilt after no broker was reached for kafka.restart_after_down"
             )),
             replies_failed: register!(IntCounterVec::new(
                 Opts::new(

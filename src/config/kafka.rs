@@ -90,6 +90,14 @@ pub struct KafkaSettings {
     /// before the produce is tried again.
     #[serde(with = "humantime_serde")]
     pub produce_timeout: Duration,
+    /// While consuming, no broker reached for this long: the consumer is
+    /// rebuilt with a new client (its batches drained and committed as on
+    /// shutdown, a new group member). A librdkafka client can stay cut off
+    /// from its group coordinator after a broker restart while the others
+    /// work; a new one finds it. In a real outage the new client waits as
+    /// the old one did. At least two `stats_interval`s.
+    #[serde(with = "humantime_serde")]
+    pub restart_after_down: Duration,
 }
 
 impl Default for KafkaSettings {
@@ -116,6 +124,7 @@ impl Default for KafkaSettings {
             session_timeout: Duration::from_secs(30),
             stats_interval: Duration::from_secs(5),
             produce_timeout: Duration::from_secs(30),
+            restart_after_down: Duration::from_secs(60),
         }
     }
 }
@@ -195,6 +204,17 @@ impl KafkaSettings {
             if value.is_zero() {
                 return bad(setting, "must be longer than 0s", "set a positive duration");
             }
+        }
+        if self.restart_after_down < self.stats_interval * 2 {
+            return bad(
+                "restart_after_down",
+                &format!(
+                    "{:?} is shorter than two kafka.stats_interval ({:?}): the brokers' state \
+                     is only known at each statistics report",
+                    self.restart_after_down, self.stats_interval
+                ),
+                "the default is 1m",
+            );
         }
         if self.auto_offset_reset != "earliest" {
             return bad(
@@ -308,6 +328,17 @@ mod tests {
             set(&mut s);
             assert!(s.validate().is_err(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_restart_after_down_shorter_than_two_statistics_reports_is_refused() {
+        let mut s = consuming();
+        s.stats_interval = Duration::from_secs(5);
+        s.restart_after_down = Duration::from_secs(9);
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.setting, "kafka.restart_after_down");
+        s.restart_after_down = Duration::from_secs(10);
+        assert!(s.validate().is_ok());
     }
 
     #[test]

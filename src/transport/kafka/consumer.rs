@@ -48,6 +48,18 @@ pub(super) struct Pump {
     last_commit: Instant,
     /// A batch finished since the last commit: commit at this moment.
     commit_due: Option<Instant>,
+    /// Since when no broker has been reached (as the statistics say).
+    down_since: Option<Instant>,
+}
+
+/// Why the consume loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// Asked to stop.
+    Stopped,
+    /// No broker reached for `kafka.restart_after_down`: the caller builds
+    /// a new client.
+    Unreachable,
 }
 
 impl Pump {
@@ -74,12 +86,14 @@ impl Pump {
             store_failures: 0,
             last_commit: Instant::now(),
             commit_due: None,
+            down_since: None,
         }
     }
 
-    /// Runs until `shutdown`; then drains in-flight batches (bounded) and
-    /// commits what is durable.
-    pub(super) async fn run(mut self, shutdown: CancellationToken) -> Result<(), KafkaError> {
+    /// Runs until `shutdown`, or until no broker has been reached for
+    /// `kafka.restart_after_down`; then drains in-flight batches (bounded)
+    /// and commits what is durable.
+    pub(super) async fn run(mut self, shutdown: CancellationToken) -> Result<Ended, KafkaError> {
         let consumer = self.consumer.clone();
         let mut commit_tick = tokio::time::interval(self.settings.commit_interval);
         commit_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -88,6 +102,7 @@ impl Pump {
         let heartbeat = self.health.liveness().register("kafka consumer");
         let mut beat_tick = tokio::time::interval(BEAT_EVERY);
         beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ended = Ended::Stopped;
         loop {
             heartbeat.beat();
             let wake = self.next_wake();
@@ -108,6 +123,10 @@ impl Pump {
                 _ = commit_tick.tick() => {
                     self.commit(CommitMode::Async);
                     self.report_stalls();
+                    if self.unreachable_too_long() {
+                        ended = Ended::Unreachable;
+                        break;
+                    }
                 }
                 _ = beat_tick.tick() => {}
             }
@@ -118,7 +137,23 @@ impl Pump {
         }
         // The drain is bounded by kafka.drain_timeout, not watched.
         drop(heartbeat);
-        self.drain().await
+        self.drain().await?;
+        Ok(ended)
+    }
+
+    /// Whether no broker has been reached for `kafka.restart_after_down`
+    /// (the statistics report none up, or librdkafka said all are down).
+    fn unreachable_too_long(&mut self) -> bool {
+        if self.health.get(Component::Kafka) != Some(false) {
+            self.down_since = None;
+            return false;
+        }
+        let down_for = self.down_since.get_or_insert_with(Instant::now).elapsed();
+        if down_for < self.settings.restart_after_down {
+            return false;
+        }
+        tracing::warn!(?down_for, "no Kafka broker reached for kafka.restart_after_down: rebuilding the consumer with a new client");
+        true
     }
 
     fn received(&mut self, msg: Result<BorrowedMessage<'_>, rdkafka::error::KafkaError>) {

@@ -30,7 +30,7 @@ use crate::broker::{self, kafka::Producing};
 use crate::engine::Pipeline;
 use crate::health::Health;
 use apply::BatchContext;
-use consumer::{KafkaConsumer, Pump};
+use consumer::{Ended, KafkaConsumer, Pump};
 use context::Context;
 use ledger::Ledger;
 use outbox::Outbox;
@@ -41,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Consumes the configured topics until `shutdown`, then lets in-flight
 /// work finish (bounded by `drain_timeout`) and commits what is durable.
+/// A consumer that reaches no broker for `kafka.restart_after_down` is
+/// rebuilt with a new client.
 pub async fn run(
     settings: KafkaSettings,
     pipeline: Arc<dyn Pipeline>,
@@ -48,16 +50,33 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), KafkaError> {
     settings.validate().map_err(KafkaError::Settings)?;
+    loop {
+        let ended = consume(&settings, pipeline.clone(), &health, &shutdown).await?;
+        if ended == Ended::Stopped || shutdown.is_cancelled() {
+            return Ok(());
+        }
+        pipeline.metrics().kafka_client_restarts.inc();
+    }
+}
+
+/// One client's life: the start-up checks, then the consumer until it
+/// stops or reaches no broker for too long.
+async fn consume(
+    settings: &KafkaSettings,
+    pipeline: Arc<dyn Pipeline>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Ended, KafkaError> {
     let topics_exist = admin::when_reachable(
         "checking the dead-letter and reply topics",
-        &health,
-        &shutdown,
-        || admin::ensure_produced_topics(&settings),
+        health,
+        shutdown,
+        || admin::ensure_produced_topics(settings),
     )
     .await;
     match topics_exist {
         Ok(()) => {}
-        Err(Gave::Stopped(_)) => return Ok(()),
+        Err(Gave::Stopped(_)) => return Ok(Ended::Stopped),
         Err(Gave::Up(e)) => return Err(e),
     }
     let ledger = Arc::new(Ledger::default());
@@ -70,11 +89,11 @@ pub async fn run(
     };
     // Not ready until the group assigns partitions or a broker reports up.
     context.set_up(false);
-    let consumer: KafkaConsumer = broker::kafka::consumer(&settings)
+    let consumer: KafkaConsumer = broker::kafka::consumer(settings)
         .create_with_context(context)
         .map_err(KafkaError::Client)?;
     let consumer = Arc::new(consumer);
-    let producer: FutureProducer = broker::kafka::producer(&settings, Producing::Outbox)
+    let producer: FutureProducer = broker::kafka::producer(settings, Producing::Outbox)
         .create()
         .map_err(KafkaError::Client)?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -95,11 +114,34 @@ pub async fn run(
         dead_letter_max_bytes: settings.dead_letter_max_bytes,
         reply_topic: settings.reply_topic.clone(),
     });
-    let result = Pump::new(consumer.clone(), shared, ledger, settings, health)
-        .run(shutdown)
-        .await;
+    let result = Pump::new(
+        consumer.clone(),
+        shared,
+        ledger,
+        settings.clone(),
+        health.clone(),
+    )
+    .run(shutdown.clone())
+    .await;
     // Leaving the group runs the revoke callback and blocks while it polls;
-    // keep that off the async workers.
-    let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+    // keep that off the async workers. A client cut off from its brokers
+    // may not manage to leave: the new one does not wait for it longer
+    // than a drain.
+    let closing = tokio::task::spawn_blocking(move || drop(consumer));
+    match result {
+        Ok(Ended::Unreachable) => {
+            if tokio::time::timeout(settings.drain_timeout, closing)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "the old Kafka client is still closing; the new one starts beside it"
+                );
+            }
+        }
+        _ => {
+            let _ = closing.await;
+        }
+    }
     result
 }
