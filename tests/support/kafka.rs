@@ -202,6 +202,18 @@ pub async fn end_offsets(topic: &str, partitions: i32) -> Vec<i64> {
 
 /// Offsets `group` committed for each partition (-1: none).
 pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    try_committed(group, topic, partitions)
+        .await
+        .expect("committed offsets")
+}
+
+/// [`committed`], or the error of a broker that cannot answer yet (its
+/// group coordinator still loading after a restart).
+pub async fn try_committed(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<Vec<i64>, rdkafka::error::KafkaError> {
     let (group, topic) = (group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let c: BaseConsumer = broker::kafka::reader(&plain(), &group)
@@ -211,17 +223,15 @@ pub async fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
         for p in 0..partitions {
             tpl.add_partition(&topic, p);
         }
-        let got = c
-            .committed_offsets(tpl, Duration::from_secs(5))
-            .expect("committed offsets");
-        (0..partitions)
+        let got = c.committed_offsets(tpl, Duration::from_secs(5))?;
+        Ok((0..partitions)
             .map(
                 |p| match got.find_partition(&topic, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => o,
                     _ => -1,
                 },
             )
-            .collect()
+            .collect())
     })
     .await
     .expect("offsets thread")
@@ -238,7 +248,10 @@ pub async fn wait_committed_to_end(
     let end = end_offsets(topic, partitions).await;
     eventually(limit, "group committed every partition to its end", || {
         let end = end.clone();
-        async move { (committed(group, topic, partitions).await == end).then_some(end) }
+        async move {
+            let now = try_committed(group, topic, partitions).await.ok()?;
+            (now == end).then_some(end)
+        }
     })
     .await
 }
