@@ -9,35 +9,15 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use support::handlers::Recording;
 use support::kafka::{self, headers, produce, Running};
+use support::outage::Stopped;
 use support::{engine, eventually, fast_options, isolated_store, unique};
 use tokio::time::Instant;
 
 const OUTAGE: Duration = Duration::from_secs(10);
-
-fn services(action: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
-    let status = Command::new(script)
-        .args([action, "postgres"])
-        .status()
-        .expect("run scripts/services");
-    assert!(
-        status.success(),
-        "scripts/services {action} postgres failed"
-    );
-}
-
-/// Starts PostgreSQL again even if the test panics mid-outage.
-struct Restore;
-impl Drop for Restore {
-    fn drop(&mut self) {
-        services("start");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_stopped_for_ten_seconds_mid_stream_commits_nothing_loses_nothing_and_resumes() {
@@ -73,8 +53,7 @@ async fn postgres_stopped_for_ten_seconds_mid_stream_commits_nothing_loses_nothi
     })
     .await;
 
-    services("stop");
-    let _restore = Restore;
+    let stopped = Stopped::new("postgres");
     let errors_before = e.metrics().store_errors_total();
     eventually(
         Duration::from_secs(10),
@@ -108,7 +87,7 @@ async fn postgres_stopped_for_ten_seconds_mid_stream_commits_nothing_loses_nothi
         frozen.iter().zip(&end_during).any(|(c, e)| c < e),
         "messages arrived during the outage and stayed uncommitted"
     );
-    services("start");
+    drop(stopped);
 
     feed.await.expect("producer task");
     kafka::wait_committed_to_end(&group, &topic, 2, Duration::from_secs(60)).await;

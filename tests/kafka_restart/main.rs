@@ -9,29 +9,12 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use support::handlers::Recording;
 use support::kafka::{self, headers, produce, Running};
+use support::outage::Stopped;
 use support::{engine, eventually, fast_options, isolated_store, unique};
-
-fn services(action: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
-    let status = Command::new(script)
-        .args([action, "kafka"])
-        .status()
-        .expect("run scripts/services");
-    assert!(status.success(), "scripts/services {action} kafka failed");
-}
-
-/// Starts the broker again even if the test panics while it is down.
-struct Restore;
-impl Drop for Restore {
-    fn drop(&mut self) {
-        services("start");
-    }
-}
 
 async fn publish(topic: &str, prefix: &str, n: usize) {
     let producer = kafka::producer();
@@ -77,15 +60,14 @@ async fn a_consumer_that_reaches_no_broker_for_restart_after_down_is_rebuilt_and
     let restarts = &e.metrics().kafka_client_restarts;
     assert_eq!(restarts.get(), 0, "no restart while the broker answers");
 
-    services("stop");
-    let restore = Restore;
+    let stopped = Stopped::new("kafka");
     eventually(
         Duration::from_secs(60),
         "the consumer rebuilt with a new client",
         || async { (restarts.get() >= 1).then_some(()) },
     )
     .await;
-    drop(restore);
+    drop(stopped);
 
     publish(&topic, "after", 20).await;
     kafka::wait_committed_to_end(&group, &topic, 2, Duration::from_secs(120)).await;

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod handlers;
 pub mod kafka;
 pub mod kafka_raw;
+pub mod outage;
 pub mod payments;
 pub mod pg_faults;
 pub mod pooler;

@@ -89,6 +89,26 @@ async fn start(settings: &AmqpSettings, provider: &Provider) -> Dedupq {
     dedupq
 }
 
+/// dedupq's connection named `name`, when exactly one is listed.
+async fn listed(name: &str) -> Option<serde_json::Value> {
+    let listed = connections_named(name).await;
+    (listed.len() == 1).then(|| listed[0].clone())
+}
+
+/// dedupq's connection named `name`, if it is newer than `before`.
+async fn reconnected(name: &str, before: &serde_json::Value) -> Option<serde_json::Value> {
+    let again = listed(name).await?;
+    (again["connected_at"] != before["connected_at"]).then_some(again)
+}
+
+/// Waits until the payment `key` is charged (once).
+async fn until_charged(provider: &Provider, key: &str, what: &str) {
+    eventually(Duration::from_secs(30), what, || async {
+        (provider.charges_for(&format!("{TENANT}:{key}")).await.len() == 1).then_some(())
+    })
+    .await;
+}
+
 const KEYS: [&str; 5] = ["before-1", "before-2", "between", "after-1", "after-2"];
 
 /// What became of the seven messages: the keys dead-lettered (with the
@@ -286,10 +306,7 @@ async fn while_sessions_keep_failing_the_queue_is_reported_stalled_until_they_st
     })
     .await;
     assert_eq!(dedupq.metric(stalled).await, 0.0);
-    eventually(Duration::from_secs(30), "the payment charged", || async {
-        (provider.charges_for(&format!("{TENANT}:after")).await.len() == 1).then_some(())
-    })
-    .await;
+    until_charged(&provider, "after", "the payment charged").await;
     stops_within_the_drain_bound(&mut dedupq).await;
     client.cleanup(&settings).await;
 }
@@ -379,22 +396,17 @@ async fn leaving_one_at_a_time_consumption_after_a_closed_session_strands_no_del
     let queue = settings.queues[0].clone();
     let dedupq = start(&settings, &provider).await;
     let client = Client::connect().await;
-    let listed = || async {
-        let listed = connections_named(&connection_name).await;
-        (listed.len() == 1).then(|| listed[0].clone())
-    };
     let mut charged_before = 0;
     for round in 0..8 {
         let open = eventually(
             Duration::from_secs(20),
             "dedupq's connection is listed",
-            listed,
+            || listed(&connection_name),
         )
         .await;
         close_connection(&open).await;
-        eventually(Duration::from_secs(20), "dedupq connects again", || async {
-            let again = listed().await?;
-            (again["connected_at"] != open["connected_at"]).then_some(())
+        eventually(Duration::from_secs(20), "dedupq connects again", || {
+            reconnected(&connection_name, &open)
         })
         .await;
         let keys: Vec<String> = (0..10).map(|i| format!("round-{round}-{i}")).collect();
@@ -461,36 +473,21 @@ async fn a_connection_lost_while_a_cautious_session_waits_for_a_handler_ends_wit
     let dedupq = Dedupq::start(&config).await;
     super::crash::wait_ready(&dedupq).await;
     let client = Client::connect().await;
-    let listed = || async {
-        let listed = connections_named(&connection_name).await;
-        (listed.len() == 1).then(|| listed[0].clone())
-    };
-    let reconnected = |before: serde_json::Value| {
-        let listed = &listed;
-        async move {
-            let again = listed().await?;
-            (again["connected_at"] != before["connected_at"]).then_some(again)
-        }
-    };
 
     // A failed session: the next one consumes one delivery at a time.
-    let first = eventually(Duration::from_secs(20), "dedupq connects", listed).await;
+    let first = eventually(Duration::from_secs(20), "dedupq connects", || {
+        listed(&connection_name)
+    })
+    .await;
     close_connection(&first).await;
     let cautious = eventually(Duration::from_secs(20), "dedupq connects again", || {
-        reconnected(first.clone())
+        reconnected(&connection_name, &first)
     })
     .await;
 
     // One ack of caution...
     client.publish(&queue, &payment("fast", 1)).await;
-    eventually(
-        Duration::from_secs(20),
-        "the first payment charged",
-        || async {
-            (provider.charges_for(&format!("{TENANT}:fast")).await.len() == 1).then_some(())
-        },
-    )
-    .await;
+    until_charged(&provider, "fast", "the first payment charged").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     // ...then a payment whose provider answers after SLOW: the session
     // waits for its handler before it consumes with the normal prefetch.
@@ -498,20 +495,13 @@ async fn a_connection_lost_while_a_cautious_session_waits_for_a_handler_ends_wit
         .set_knobs(serde_json::json!({ "slow_after_charge_next": 1 }))
         .await;
     client.publish(&queue, &payment("slow", 2)).await;
-    eventually(
-        Duration::from_secs(20),
-        "the slow payment charged",
-        || async {
-            (provider.charges_for(&format!("{TENANT}:slow")).await.len() == 1).then_some(())
-        },
-    )
-    .await;
+    until_charged(&provider, "slow", "the slow payment charged").await;
 
     close_connection(&cautious).await;
     let lost = Instant::now();
     let bound = DRAIN + Duration::from_secs(5);
     loop {
-        if reconnected(cautious.clone()).await.is_some() {
+        if reconnected(&connection_name, &cautious).await.is_some() {
             break;
         }
         assert!(

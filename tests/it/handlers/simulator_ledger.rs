@@ -40,6 +40,30 @@ async fn the_lookup_answers_what_a_retry_would_without_charging() {
     );
 }
 
+/// A charge of 1 with `key`, posted from a task of its own, once the
+/// provider has recorded it (its answer may still be on its way).
+async fn charge_recorded(
+    provider: &Provider,
+    key: &'static str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let url = provider.charges_url();
+    let running = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("idempotency-key", key)
+            .json(&json!({"amount": 1}))
+            .send()
+            .await
+    });
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the charge is recorded",
+        || async { (!provider.charges_for(key).await.is_empty()).then_some(()) },
+    )
+    .await;
+    running
+}
+
 #[tokio::test]
 async fn the_lookup_of_a_key_whose_request_still_runs_is_409() {
     let provider = Provider::start(Knobs {
@@ -47,23 +71,7 @@ async fn the_lookup_of_a_key_whose_request_still_runs_is_409() {
         ..Knobs::default()
     })
     .await;
-    let running = {
-        let provider_url = provider.charges_url();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(provider_url)
-                .header("idempotency-key", "acme:slow")
-                .json(&json!({"amount": 1}))
-                .send()
-                .await
-        })
-    };
-    crate::support::eventually(
-        Duration::from_secs(10),
-        "the charge is recorded",
-        || async { (!provider.charges_for("acme:slow").await.is_empty()).then_some(()) },
-    )
-    .await;
+    let running = charge_recorded(&provider, "acme:slow").await;
 
     let during = provider.lookup("acme:slow").await;
     let answered = running.await.unwrap().unwrap();
@@ -98,23 +106,7 @@ async fn a_charge_whose_completion_cannot_be_written_at_first_completes_once_it_
     .execute(&db)
     .await
     .expect("a trigger refusing completions");
-    let running = {
-        let url = provider.charges_url();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(url)
-                .header("idempotency-key", "acme:refused")
-                .json(&json!({"amount": 1}))
-                .send()
-                .await
-        })
-    };
-    crate::support::eventually(
-        Duration::from_secs(10),
-        "the charge is recorded",
-        || async { (!provider.charges_for("acme:refused").await.is_empty()).then_some(()) },
-    )
-    .await;
+    let running = charge_recorded(&provider, "acme:refused").await;
     // Past the latency: the completion has been refused at least once.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(provider.lookup("acme:refused").await.status(), 409);
