@@ -193,6 +193,25 @@ impl AmqpSettings {
         self.retry_delay_max.saturating_mul(self.max_redeliveries)
     }
 
+    /// The shortest time a message can spend travelling through the delay
+    /// queue before `max_redeliveries` dead-letters it: every trip waits
+    /// its floor (the doubling minimum, capped). A message whose key a dead
+    /// worker holds must still be travelling when that lease ends, or it
+    /// is dead-lettered instead of taken over (see `config::check`).
+    pub fn least_redelivery_span(&self) -> Duration {
+        let mut span = Duration::ZERO;
+        for trip in 1..=self.max_redeliveries {
+            let wait = self.retry_delay(trip, Duration::ZERO);
+            // Past the cap (or the doubling's end) every trip waits the same.
+            if wait == self.retry_delay_max || trip > 21 {
+                let left = self.max_redeliveries - trip + 1;
+                return span.saturating_add(wait.saturating_mul(left));
+            }
+            span = span.saturating_add(wait);
+        }
+        span
+    }
+
     /// Start-up checks; each error names the setting and the fix.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let url = self.url.expose();
@@ -334,6 +353,26 @@ mod tests {
             s.retry_delay(1, Duration::from_secs(5)),
             Duration::from_secs(5)
         );
+    }
+
+    #[test]
+    fn the_least_redelivery_span_adds_every_trip_at_its_floor() {
+        let s = AmqpSettings::default();
+        // 250 ms doubling to 32 s (8 trips, 63.75 s), then 12 trips of 60 s.
+        assert_eq!(s.least_redelivery_span(), Duration::from_millis(783_750));
+        let s = AmqpSettings {
+            max_redeliveries: 3,
+            ..AmqpSettings::default()
+        };
+        assert_eq!(s.least_redelivery_span(), Duration::from_millis(1_750));
+        let s = AmqpSettings {
+            max_redeliveries: u32::MAX,
+            retry_delay_min: Duration::from_nanos(1),
+            retry_delay_max: Duration::from_secs(3600),
+            ..AmqpSettings::default()
+        };
+        // The doubling ends at 2^20 ns: ~1 ms a trip from then on, ~52 days.
+        assert!(s.least_redelivery_span() > Duration::from_secs(3600 * 24 * 50));
     }
 
     #[test]

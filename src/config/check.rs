@@ -17,6 +17,7 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     }
     if !s.amqp.queues.is_empty() {
         s.amqp.validate()?;
+        check_amqp_outlasts_lease(s)?;
     }
     if s.api.enabled {
         super::api::check(s)?;
@@ -207,6 +208,35 @@ impl Settings {
     }
 }
 
+/// A delivery whose worker died mid-call comes back at once, finds its
+/// key held until the dead worker's lease ends, and waits in the delay
+/// queue, one counted trip after another. If `amqp.max_redeliveries` trips
+/// can end before the lease does, it is dead-lettered `retry_limit` instead
+/// of taken over, and the payment waits for an operator. Twice the lease
+/// leaves room for trips the delivery had made before.
+fn check_amqp_outlasts_lease(s: &Settings) -> Result<(), ConfigError> {
+    let span = s.amqp.least_redelivery_span();
+    let lease = s.engine.lease;
+    if span >= lease.saturating_mul(2) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "amqp.max_redeliveries",
+        format!(
+            "{} trips through the delay queue (waits from amqp.retry_delay_min {} up to \
+             amqp.retry_delay_max {}) can end after {}, before twice engine.lease ({}): \
+             a delivery whose worker died would be dead-lettered `retry_limit` while its \
+             key is still held, instead of taken over when the lease ends",
+            s.amqp.max_redeliveries,
+            humantime::format_duration(s.amqp.retry_delay_min),
+            humantime::format_duration(s.amqp.retry_delay_max),
+            humantime::format_duration(span),
+            humantime::format_duration(lease.saturating_mul(2)),
+        ),
+        "raise amqp.max_redeliveries or amqp.retry_delay_max, or shorten engine.lease",
+    ))
+}
+
 fn check_retention(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.retention;
     let horizon = s.redelivery_horizon();
@@ -267,6 +297,27 @@ mod tests {
         let e = validate(&s).unwrap_err();
         assert_eq!(e.setting, "handler.routes[0].source");
         assert!(e.problem.contains("paymnets"), "{e}");
+    }
+
+    #[test]
+    fn a_delay_queue_that_gives_up_before_a_dead_workers_lease_ends_is_refused() {
+        let mut s = Settings::default();
+        s.amqp.queues = vec!["payments".into()];
+        // The defaults: ~13 min of trips against a 30 s lease.
+        assert!(validate(&s).is_ok());
+        s.engine.lease = std::time::Duration::from_secs(391);
+        s.engine.renew_every = std::time::Duration::from_secs(60);
+        assert!(validate(&s).is_ok(), "783.75 s of trips, 782 s needed");
+        s.engine.lease = std::time::Duration::from_secs(392);
+        let e = validate(&s).unwrap_err();
+        assert_eq!(e.setting, "amqp.max_redeliveries");
+        assert!(e.problem.contains("13m 3s 750ms"), "{e}");
+        s.amqp.max_redeliveries = 21;
+        assert!(validate(&s).is_ok(), "one more trip of 60 s");
+        // Without a RabbitMQ queue, nothing travels through a delay queue.
+        s.amqp.queues.clear();
+        s.amqp.max_redeliveries = 1;
+        assert!(validate(&s).is_ok());
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub fn settings(queue_type: QueueType) -> AmqpSettings {
         dead_letter_queue: unique(&format!("{PREFIX}_dlq")),
         retry_delay_min: Duration::from_millis(50),
         retry_delay_max: Duration::from_secs(1),
+        // With 1 s waits, trips that outlast twice the default 30 s lease
+        // (the start-up check of `dedupq run`).
+        max_redeliveries: 100,
         reconnect_backoff_min: Duration::from_millis(100),
         reconnect_backoff_max: Duration::from_secs(1),
         connection_name: "dedupq-test".into(),

@@ -1,7 +1,7 @@
 use crate::support;
 use crate::support::amqp::{self, Client, Msg};
 use crate::support::process::{base_config, Dedupq, Provider};
-use dedupq::transport::amqp::{AmqpSettings, QueueType};
+use dedupq::transport::amqp::QueueType;
 use dedupq_provider::Knobs;
 use std::time::Duration;
 
@@ -18,10 +18,7 @@ async fn kill_between_effect_and_ack(honour_keys: bool) -> (i64, Vec<amqp::Got>)
     })
     .await;
     let (_, store) = support::isolated_store().await;
-    let settings = AmqpSettings {
-        max_redeliveries: 50,
-        ..amqp::settings(QueueType::Quorum)
-    };
+    let settings = amqp::settings(QueueType::Quorum);
     let mut config = base_config(&store, &provider);
     config.insert("amqp".into(), amqp::config_section(&settings));
     let mut dedupq = Dedupq::start(&config).await;

@@ -102,3 +102,95 @@ async fn a_delivery_past_the_redelivery_cap_is_dead_lettered_with_reason_retry_l
     assert_eq!(handler.count(), 1);
     h.finish().await;
 }
+
+/// A key whose worker died mid-call stays held until that worker's lease
+/// ends; its delivery, back at once, waits in the delay queue meanwhile.
+/// Run against `amqp.max_redeliveries` of 20 and of 3 (16.55 s and 0.35 s of
+/// trips at their floor): the start-up check (`config::check`) accepts the
+/// first and refuses the second against a 4 s lease, and only the first
+/// is still travelling when the lease ends. Returns the dead letters and
+/// the key's status when it settles.
+async fn a_dead_workers_key(max_redeliveries: u32) -> (Vec<amqp::Got>, String, usize) {
+    const LEASE: Duration = Duration::from_secs(4);
+    let amqp = dedupq::transport::amqp::AmqpSettings {
+        max_redeliveries,
+        ..amqp::settings(QueueType::Classic)
+    };
+    let mut config = dedupq::config::Settings {
+        amqp: amqp.clone(),
+        ..Default::default()
+    };
+    config.engine.lease = LEASE;
+    config.engine.renew_every = Duration::from_secs(1);
+    config.handler.timeout = Duration::from_secs(2);
+    let accepted = config.validate().map_err(|e| e.setting);
+
+    let h = Harness::start_with(amqp, Recording::default()).await;
+    let key = format!("pay-dead-{max_redeliveries}");
+    let planted = support::message("acme", &key, BODY);
+    let parsed = dedupq::engine::Parser::new(&Default::default())
+        .parse(&planted)
+        .unwrap();
+    h.store
+        .claim_batch(
+            &[support::claim_request(&parsed, &planted)],
+            "a-worker-that-died",
+            LEASE,
+        )
+        .await
+        .unwrap();
+    h.client
+        .publish(h.queue(), &Msg::new("acme", &key, BODY))
+        .await;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut dead = Vec::new();
+    let status = loop {
+        dead.extend(h.client.drain(&h.settings.dead_letter_queue).await);
+        let status: String =
+            sqlx::query_scalar("SELECT status::text FROM dedupq_keys WHERE key = $1")
+                .bind(&key)
+                .fetch_one(h.store.pool())
+                .await
+                .unwrap();
+        if status == "done" || !dead.is_empty() {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key settles within 20 s: still {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let charges = h.handler.count();
+    h.finish().await;
+    match max_redeliveries {
+        20 => assert_eq!(accepted, Ok(()), "20 trips outlast the lease twice"),
+        _ => assert_eq!(accepted, Err("amqp.max_redeliveries".to_string())),
+    }
+    (dead, status, charges)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_left_by_a_dead_worker_is_taken_over_when_its_lease_ends() {
+    let (dead, status, charges) = a_dead_workers_key(20).await;
+
+    assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
+    assert_eq!(status, "done");
+    assert_eq!(charges, 1, "taken over and run once");
+}
+
+/// The settings the start-up check refuses lose the delivery to the
+/// dead-letter queue while the key is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_delay_queue_settings_refused_at_start_up_dead_letter_a_dead_workers_delivery() {
+    let (dead, status, charges) = a_dead_workers_key(3).await;
+
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].header("dedupq-reason").as_deref(),
+        Some("retry_limit")
+    );
+    assert_eq!(status, "in_progress", "the key is still the dead worker's");
+    assert_eq!(charges, 0);
+}
