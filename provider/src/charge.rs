@@ -180,6 +180,7 @@ fn receive<'a>(headers: &'a HeaderMap, raw: &'a [u8], body: &Value) -> Received<
             tenant: key.and_then(|k| k.split_once(':')).map(|(t, _)| t),
             owner: header("x-dedupq-owner"),
             attempt: header("x-dedupq-attempt").and_then(|a| a.parse().ok()),
+            epoch: header("x-dedupq-epoch").and_then(|e| e.parse().ok()),
         },
         bytes: raw,
         content_type: header("content-type"),

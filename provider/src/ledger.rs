@@ -38,6 +38,10 @@ ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS tracestate text;
 -- The status a repeat replays when it is not the charge's own (a 500 the
 -- provider cached after charging).
 ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS response_status integer;
+-- The claim's fencing epoch (X-Dedupq-Epoch): unlike the attempt, which an
+-- attempt given back before it called leaves to the next claim, it names
+-- one claim.
+ALTER TABLE provider_charges ADD COLUMN IF NOT EXISTS epoch bigint;
 CREATE INDEX IF NOT EXISTS provider_charges_remembered_key
     ON provider_charges (idempotency_key) WHERE remembered;
 CREATE INDEX IF NOT EXISTS provider_charges_by_payment ON provider_charges (tenant, payment_id);
@@ -78,6 +82,7 @@ pub(crate) struct Caller<'a> {
     pub tenant: Option<&'a str>,
     pub owner: Option<&'a str>,
     pub attempt: Option<i32>,
+    pub epoch: Option<i64>,
 }
 
 /// One charge request as received.
@@ -237,9 +242,9 @@ async fn insert(
     sqlx::query_scalar(
         "INSERT INTO provider_charges (idempotency_key, tenant, payment_id, request, content_type, \
            body_hash, request_hash, state, response, response_type, owner, attempt, answered_at, \
-           traceparent, tracestate) \
+           traceparent, tracestate, epoch) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
-           CASE WHEN $8 = 'declined' THEN now() END, $13, $14) \
+           CASE WHEN $8 = 'declined' THEN now() END, $13, $14, $15) \
          RETURNING id",
     )
     .bind(r.caller.key)
@@ -256,6 +261,7 @@ async fn insert(
     .bind(r.caller.attempt)
     .bind(r.traceparent)
     .bind(r.tracestate)
+    .bind(r.caller.epoch)
     .fetch_one(conn)
     .await
 }

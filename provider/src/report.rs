@@ -12,6 +12,8 @@ pub struct Charge {
     pub id: i64,
     pub owner: Option<String>,
     pub attempt: Option<i32>,
+    /// The claim's fencing epoch (`X-Dedupq-Epoch`).
+    pub epoch: Option<i64>,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub answered_at: Option<chrono::DateTime<chrono::Utc>>,
     pub idempotency_key: Option<String>,
@@ -82,7 +84,7 @@ impl Ledger {
     ) -> Result<Vec<Charge>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT id, idempotency_key, remembered, tenant, request, content_type, state, response, \
-               response_type, owner, attempt, created_at, answered_at, traceparent, tracestate \
+               response_type, owner, attempt, epoch, created_at, answered_at, traceparent, tracestate \
              FROM provider_charges \
              WHERE ($1::text IS NULL OR idempotency_key = $1) AND ($2::text IS NULL OR tenant = $2) \
              ORDER BY id",
@@ -159,6 +161,7 @@ fn charge(r: &sqlx::postgres::PgRow) -> Charge {
         id: r.get("id"),
         owner: r.get("owner"),
         attempt: r.get("attempt"),
+        epoch: r.get("epoch"),
         created_at: r.get("created_at"),
         answered_at: r.get("answered_at"),
         idempotency_key: r.get("idempotency_key"),

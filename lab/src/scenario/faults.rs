@@ -255,8 +255,8 @@ async fn frozen_claims(
     schema: &str,
     owner: &str,
 ) -> anyhow::Result<Vec<FrozenClaim>> {
-    let rows: Vec<(String, i32, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(&format!(
-        "SELECT tenant || ':' || key, attempts, lease_until FROM \"{schema}\".dedupq_keys \
+    let rows: Vec<(String, i32, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(&format!(
+        "SELECT tenant || ':' || key, attempts, epoch, lease_until FROM \"{schema}\".dedupq_keys \
          WHERE status = 'in_progress' AND owner = $1 AND lease_until IS NOT NULL"
     ))
     .bind(owner)
@@ -264,10 +264,11 @@ async fn frozen_claims(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(derived_key, attempt, lease_until)| FrozenClaim {
+        .map(|(derived_key, attempt, epoch, lease_until)| FrozenClaim {
             derived_key,
             owner: owner.to_string(),
             attempt,
+            epoch,
             lease_until,
         })
         .collect())

@@ -71,6 +71,9 @@ pub(super) struct ChargeRow {
     pub id: i64,
     pub idempotency_key: Option<String>,
     pub attempt: Option<i32>,
+    /// The claim's fencing epoch, as the request carried it.
+    #[serde(default)]
+    pub epoch: Option<i64>,
     pub owner: Option<String>,
     pub state: String,
     /// When the provider recorded it, on PostgreSQL's clock (the one
@@ -303,6 +306,9 @@ pub(super) struct FrozenClaim {
     pub derived_key: String,
     pub owner: String,
     pub attempt: i32,
+    /// Names the claim: its attempt number goes to the next claim when the
+    /// process gives the key back without calling.
+    pub epoch: i64,
     pub lease_until: chrono::DateTime<chrono::Utc>,
 }
 
@@ -331,7 +337,7 @@ pub(super) fn calls_after_freeze(
             claimed_again
                 && c.idempotency_key.as_deref() == Some(claim.derived_key.as_str())
                 && c.owner.as_deref() == Some(claim.owner.as_str())
-                && c.attempt == Some(claim.attempt)
+                && c.epoch == Some(claim.epoch)
                 && c.created_at > claim.lease_until + IN_TRANSIT
         }) {
             out.push(format!(
@@ -453,6 +459,7 @@ mod tests {
             id,
             idempotency_key: Some(key.into()),
             attempt: Some(1),
+            epoch: Some(3),
             owner: None,
             state: "succeeded".into(),
             created_at: chrono::DateTime::UNIX_EPOCH,
@@ -577,6 +584,7 @@ mod tests {
             derived_key: key.into(),
             owner: "host-7-x".into(),
             attempt: 1,
+            epoch: 3,
             lease_until: at(100),
         };
         let frozen = [
@@ -584,12 +592,14 @@ mod tests {
             claim("t:in-time"),
             claim("t:other"),
             claim("t:revalidated"),
+            claim("t:given-back"),
         ];
         let keys: HashMap<String, KeyState> = [
             ("t:late", 2),
             ("t:in-time", 2),
             ("t:other", 2),
             ("t:revalidated", 1),
+            ("t:given-back", 2),
         ]
         .into_iter()
         .map(|(k, attempts)| {
@@ -610,6 +620,13 @@ mod tests {
             by(2, "t:in-time", "host-7-x", 100),
             by(3, "t:other", "host-8-y", 105),
             by(4, "t:revalidated", "host-7-x", 105),
+            // Given back unasked after the freeze (its attempt refunded),
+            // then claimed again by the same process: the same attempt
+            // number, a new epoch, a live lease.
+            ChargeRow {
+                epoch: Some(4),
+                ..by(5, "t:given-back", "host-7-x", 105)
+            },
         ];
         let found = calls_after_freeze(&frozen, &charges, &keys);
         assert_eq!(found.len(), 1, "{found:?}");

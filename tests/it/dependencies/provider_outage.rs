@@ -195,6 +195,11 @@ async fn a_probe_charged_without_an_answer_keeps_its_attempt_number_and_the_retr
         attempts[0], attempts[1],
         "two requests of one key carried the same attempt number"
     );
+    let epochs: Vec<i64> = charges.iter().map(|c| c.epoch.unwrap_or(0)).collect();
+    assert!(
+        0 < epochs[0] && epochs[0] < epochs[1],
+        "each request names its own claim, the later one the newer: {epochs:?}"
+    );
     let row = store
         .show_key(&Identity {
             tenant: Tenant::parse(TENANT.as_bytes()).unwrap(),
