@@ -199,15 +199,17 @@ impl AmqpSettings {
     /// worker holds must still be travelling when that lease ends, or it
     /// is dead-lettered instead of taken over (see `config::check`).
     pub fn least_redelivery_span(&self) -> Duration {
-        let mut span = Duration::ZERO;
+        let (mut span, mut last) = (Duration::ZERO, None);
         for trip in 1..=self.max_redeliveries {
             let wait = self.retry_delay(trip, Duration::ZERO);
-            // Past the cap (or the doubling's end) every trip waits the same.
-            if wait == self.retry_delay_max || trip > 21 {
+            // Once the waits stop growing (the cap, or the doubling's end),
+            // every trip left waits the same.
+            if last == Some(wait) {
                 let left = self.max_redeliveries - trip + 1;
                 return span.saturating_add(wait.saturating_mul(left));
             }
             span = span.saturating_add(wait);
+            last = Some(wait);
         }
         span
     }

@@ -2,6 +2,7 @@ use super::Harness;
 use crate::support;
 use crate::support::amqp::{self, Msg};
 use crate::support::handlers::Recording;
+use crate::support::pg_faults::read_status;
 use dedupq::transport::amqp::QueueType;
 use std::time::Duration;
 
@@ -108,9 +109,8 @@ async fn a_delivery_past_the_redelivery_cap_is_dead_lettered_with_reason_retry_l
 /// Run against `amqp.max_redeliveries` of 20 and of 3 (16.55 s and 0.35 s of
 /// trips at their floor): the start-up check (`config::check`) accepts the
 /// first and refuses the second against a 4 s lease, and only the first
-/// is still travelling when the lease ends. Returns the dead letters and
-/// the key's status when it settles.
-async fn a_dead_workers_key(max_redeliveries: u32) -> (Vec<amqp::Got>, String, usize) {
+/// is still travelling when the lease ends.
+async fn a_dead_workers_key(max_redeliveries: u32) -> DeadWorkersKey {
     const LEASE: Duration = Duration::from_secs(4);
     let amqp = dedupq::transport::amqp::AmqpSettings {
         max_redeliveries,
@@ -147,12 +147,9 @@ async fn a_dead_workers_key(max_redeliveries: u32) -> (Vec<amqp::Got>, String, u
     let mut dead = Vec::new();
     let status = loop {
         dead.extend(h.client.drain(&h.settings.dead_letter_queue).await);
-        let status: String =
-            sqlx::query_scalar("SELECT status::text FROM dedupq_keys WHERE key = $1")
-                .bind(&key)
-                .fetch_one(h.store.pool())
-                .await
-                .unwrap();
+        let status = read_status(h.store.pool(), "acme", &key)
+            .await
+            .expect("the key's row");
         if status == "done" || !dead.is_empty() {
             break status;
         }
@@ -164,17 +161,34 @@ async fn a_dead_workers_key(max_redeliveries: u32) -> (Vec<amqp::Got>, String, u
     };
     let charges = h.handler.count();
     h.finish().await;
-    match max_redeliveries {
-        20 => assert_eq!(accepted, Ok(()), "20 trips outlast the lease twice"),
-        _ => assert_eq!(accepted, Err("amqp.max_redeliveries".to_string())),
+    DeadWorkersKey {
+        accepted,
+        dead,
+        status,
+        charges,
     }
-    (dead, status, charges)
+}
+
+/// What [`a_dead_workers_key`] saw: the start-up check's verdict on its
+/// settings (the setting it names), the dead letters, the key's status
+/// once it settled, and the handler's runs.
+struct DeadWorkersKey {
+    accepted: Result<(), String>,
+    dead: Vec<amqp::Got>,
+    status: String,
+    charges: usize,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_left_by_a_dead_worker_is_taken_over_when_its_lease_ends() {
-    let (dead, status, charges) = a_dead_workers_key(20).await;
+    let DeadWorkersKey {
+        accepted,
+        dead,
+        status,
+        charges,
+    } = a_dead_workers_key(20).await;
 
+    assert_eq!(accepted, Ok(()), "20 trips outlast the lease twice");
     assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
     assert_eq!(status, "done");
     assert_eq!(charges, 1, "taken over and run once");
@@ -184,8 +198,14 @@ async fn a_key_left_by_a_dead_worker_is_taken_over_when_its_lease_ends() {
 /// dead-letter queue while the key is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_delay_queue_settings_refused_at_start_up_dead_letter_a_dead_workers_delivery() {
-    let (dead, status, charges) = a_dead_workers_key(3).await;
+    let DeadWorkersKey {
+        accepted,
+        dead,
+        status,
+        charges,
+    } = a_dead_workers_key(3).await;
 
+    assert_eq!(accepted, Err("amqp.max_redeliveries".to_string()));
     assert_eq!(dead.len(), 1);
     assert_eq!(
         dead[0].header("dedupq-reason").as_deref(),
