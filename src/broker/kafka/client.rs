@@ -133,18 +133,29 @@ pub fn producer(s: &KafkaSettings, producing: Producing) -> ClientConfig {
         }
     }
     passthrough(&mut c, s);
+    not_a_member(&mut c);
     c
 }
 
 /// For start-up checks (topics, their retention).
 pub fn admin(s: &KafkaSettings) -> ClientConfig {
-    client(s, "dedupq-admin")
+    let mut c = client(s, "dedupq-admin");
+    not_a_member(&mut c);
+    c
+}
+
+/// A client that is not the transport's group member does not carry its
+/// static membership: a producer would warn that it ignores it, and a
+/// reader must never be taken for the member itself.
+fn not_a_member(c: &mut ClientConfig) {
+    c.remove("group.instance.id");
 }
 
 /// A consumer that is given its partitions (`assign`) and never commits: it
 /// reads a topic and moves nothing (`dedupq dlq`, the lab's checks).
 pub fn reader(s: &KafkaSettings, group: &str) -> ClientConfig {
     let mut c = client(s, "dedupq-reader");
+    not_a_member(&mut c);
     c.set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -174,5 +185,17 @@ mod tests {
         let p = producer(&s, Producing::Api);
         assert_eq!(p.get("enable.auto.commit"), None);
         assert_eq!(reader(&s, "g").get("enable.auto.commit"), Some("false"));
+    }
+
+    #[test]
+    fn static_membership_goes_to_the_group_member_only() {
+        let mut s = KafkaSettings::default();
+        s.client.insert("group.instance.id".into(), "pod-0".into());
+        assert_eq!(consumer(&s).get("group.instance.id"), Some("pod-0"));
+        for p in [Producing::Outbox, Producing::Api, Producing::Replay] {
+            assert_eq!(producer(&s, p).get("group.instance.id"), None);
+        }
+        assert_eq!(admin(&s).get("group.instance.id"), None);
+        assert_eq!(reader(&s, "g").get("group.instance.id"), None);
     }
 }

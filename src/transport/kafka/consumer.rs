@@ -103,6 +103,10 @@ impl Pump {
         let mut beat_tick = tokio::time::interval(BEAT_EVERY);
         beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ended = Ended::Stopped;
+        // librdkafka's fatal state (a static member fenced by another with
+        // its `group.instance.id`): the client never consumes or commits
+        // again, so the loop ends instead of idling as a member in name.
+        let mut fatal = None;
         loop {
             heartbeat.beat();
             let wake = self.next_wake();
@@ -116,11 +120,21 @@ impl Pump {
                         .get_or_insert(self.last_commit + self.settings.commit_interval);
                 }
                 msg = consumer.recv(), if take => {
+                    if msg.is_err() {
+                        fatal = consumer.client().fatal_error();
+                        if fatal.is_some() {
+                            break;
+                        }
+                    }
                     self.received(msg);
                     self.receive_ready(&consumer);
                 }
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
                 _ = commit_tick.tick() => {
+                    fatal = consumer.client().fatal_error();
+                    if fatal.is_some() {
+                        break;
+                    }
                     self.commit(CommitMode::Async);
                     self.report_stalls();
                     if self.unreachable_too_long() {
@@ -137,6 +151,19 @@ impl Pump {
         }
         // The drain is bounded by kafka.drain_timeout, not watched.
         drop(heartbeat);
+        if let Some((code, reason)) = fatal {
+            tracing::error!(?code, %reason, "the Kafka consumer cannot go on: draining in-flight batches, then stopping");
+            self.health
+                .set_down(Component::Kafka, format!("kafka client fatal: {reason}"));
+            let error = KafkaError::Fatal {
+                code,
+                reason,
+                group: self.settings.group_id.clone(),
+                instance: self.settings.client.get("group.instance.id").cloned(),
+            };
+            self.drain().await?;
+            return Err(error);
+        }
         self.drain().await?;
         Ok(ended)
     }

@@ -34,6 +34,40 @@ pub enum KafkaError {
     /// consumer stops and the uncommitted messages come back on restart.
     #[error("a Kafka batch task failed")]
     BatchTask(#[source] tokio::task::JoinError),
+    /// librdkafka put the consumer in its fatal state: it will never
+    /// consume or commit again. In-flight batches were drained; what was
+    /// not committed comes back to the group's other members and meets
+    /// its stored key.
+    #[error("{}", fatal_message(*.code, .reason, .group, .instance.as_deref()))]
+    Fatal {
+        /// librdkafka's underlying error.
+        code: rdkafka::types::RDKafkaErrorCode,
+        /// librdkafka's account of it.
+        reason: String,
+        /// `kafka.group_id`.
+        group: String,
+        /// `group.instance.id` from `[kafka.client]`, if set.
+        instance: Option<String>,
+    },
+}
+
+/// What a fatal consumer error says: for a fenced static member, which
+/// setting two processes share.
+fn fatal_message(
+    code: rdkafka::types::RDKafkaErrorCode,
+    reason: &str,
+    group: &str,
+    instance: Option<&str>,
+) -> String {
+    match (code, instance) {
+        (rdkafka::types::RDKafkaErrorCode::FencedInstanceId, Some(id)) => format!(
+            "invalid setting `kafka.client.group.instance.id`: another consumer joined group \
+             `{group}` as `{id}`, and the broker fenced this one ({reason}); give every dedupq \
+             process its own `group.instance.id` (e.g. DEDUPQ__KAFKA__CLIENT__GROUP_INSTANCE_ID \
+             set to the pod's name)"
+        ),
+        _ => format!("the Kafka consumer hit a fatal error and cannot go on: {reason}"),
+    }
 }
 
 impl KafkaError {

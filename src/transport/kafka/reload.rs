@@ -54,7 +54,8 @@ pub async fn run_reloading(
             continue;
         }
         match result {
-            Err(e) if restarted => {
+            // A fatal client error is not the files' doing: it stops dedupq.
+            Err(e) if restarted && !matches!(e, KafkaError::Fatal { .. }) => {
                 let reason = format!(
                     "the consumer cannot start with the changed TLS/SASL files: {}",
                     crate::telemetry::chain(&e)

@@ -16,3 +16,4 @@ mod retries;
 mod shutdown;
 mod stalls;
 mod startup_topics;
+mod static_membership;
