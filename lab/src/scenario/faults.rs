@@ -2,7 +2,7 @@
 //! moment, noted in the report's timeline, and ended when its time is up.
 
 use super::fleet::Fleet;
-use super::pg_faults::{RowLocks, RunRole};
+use super::pg_faults::{through_restarts, RowLocks, RunRole};
 use super::profile::Fault;
 use super::report::Report;
 use super::verify::FrozenClaim;
@@ -234,12 +234,12 @@ async fn busiest(
     schema: &str,
     fleet: &Fleet,
 ) -> anyhow::Result<(usize, Option<String>)> {
-    let owners: Vec<(String, i64)> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT owner, count(*) FROM \"{schema}\".dedupq_keys \
          WHERE status = 'in_progress' AND lease_until > now() GROUP BY owner ORDER BY 2 DESC"
-    ))
-    .fetch_all(admin)
-    .await?;
+    );
+    let owners: Vec<(String, i64)> =
+        through_restarts(|| sqlx::query_as(&sql).fetch_all(admin)).await?;
     // Owners are named host-pid-nonce.
     let pid_of = |owner: &str| owner.rsplit('-').nth(1)?.parse::<u32>().ok();
     let found = owners.iter().find_map(|(owner, _)| {
@@ -255,13 +255,12 @@ async fn frozen_claims(
     schema: &str,
     owner: &str,
 ) -> anyhow::Result<Vec<FrozenClaim>> {
-    let rows: Vec<(String, i32, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT tenant || ':' || key, attempts, epoch, lease_until FROM \"{schema}\".dedupq_keys \
          WHERE status = 'in_progress' AND owner = $1 AND lease_until IS NOT NULL"
-    ))
-    .bind(owner)
-    .fetch_all(admin)
-    .await?;
+    );
+    let rows: Vec<(String, i32, i64, chrono::DateTime<chrono::Utc>)> =
+        through_restarts(|| sqlx::query_as(&sql).bind(owner).fetch_all(admin)).await?;
     Ok(rows
         .into_iter()
         .map(|(derived_key, attempt, epoch, lease_until)| FrozenClaim {

@@ -5,7 +5,39 @@
 //! notice.
 
 use sqlx::{Executor, PgPool, Postgres, Row, Transaction};
+use std::future::Future;
 use std::time::Duration;
+
+/// Runs `op` again while it fails because the server went away (its
+/// session ended by a shutdown, 57P01–57P03, or the connection lost), for
+/// up to a minute: side by side, another run's fault may restart the
+/// shared PostgreSQL under this run's own queries.
+pub(super) async fn through_restarts<T, F, Fut>(mut op: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match op().await {
+            Err(e) if server_gone(&e) && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "PostgreSQL went away under the run's own query; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+fn server_gone(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
 
 /// The fleet's login role. A superuser: it needs no grants on the run's
 /// schema, and still obeys `default_transaction_read_only` and
@@ -78,7 +110,7 @@ impl RunRole {
 
     async fn alter(&self, options: &str) -> anyhow::Result<()> {
         let sql = format!("ALTER ROLE {} {options}", self.name);
-        self.admin.execute(sql.as_str()).await?;
+        through_restarts(|| self.admin.execute(sql.as_str())).await?;
         Ok(())
     }
 
@@ -95,18 +127,20 @@ impl RunRole {
             Some(v) => format!("ALTER ROLE {} SET {setting} = '{v}'", self.name),
             None => format!("ALTER ROLE {} RESET {setting}", self.name),
         };
-        self.admin.execute(sql.as_str()).await?;
+        through_restarts(|| self.admin.execute(sql.as_str())).await?;
         Ok(())
     }
 
     /// Terminates every session of the role; returns how many.
     async fn cut_sessions(&self) -> anyhow::Result<u64> {
-        let cut: i64 = sqlx::query_scalar(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
-             FROM pg_stat_activity WHERE usename = $1",
-        )
-        .bind(&self.name)
-        .fetch_one(&self.admin)
+        let cut: i64 = through_restarts(|| {
+            sqlx::query_scalar(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
+                 FROM pg_stat_activity WHERE usename = $1",
+            )
+            .bind(&self.name)
+            .fetch_one(&self.admin)
+        })
         .await?;
         Ok(cut as u64)
     }
@@ -147,6 +181,10 @@ impl RowLocks {
     /// (their results wait) and as many just done (their duplicates'
     /// claims wait).
     pub(super) async fn take(pool: &PgPool, schema: &str, each: i64) -> anyhow::Result<Self> {
+        Ok(through_restarts(|| Self::take_once(pool, schema, each)).await?)
+    }
+
+    async fn take_once(pool: &PgPool, schema: &str, each: i64) -> Result<Self, sqlx::Error> {
         let mut tx = pool.begin().await?;
         let mut rows = Vec::new();
         for (status, newest_first) in [("in_progress", "created_at"), ("done", "completed_at")] {
@@ -167,8 +205,12 @@ impl RowLocks {
         Ok(Self { tx, rows })
     }
 
+    /// Rolls the locks back. A session the server ended has lost them
+    /// already.
     pub(super) async fn release(self) -> anyhow::Result<()> {
-        self.tx.rollback().await?;
-        Ok(())
+        match self.tx.rollback().await {
+            Err(e) if !server_gone(&e) => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 }

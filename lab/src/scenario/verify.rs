@@ -24,12 +24,14 @@ pub(super) struct KeyState {
 }
 
 pub(super) async fn key_states(pool: &PgPool) -> anyhow::Result<HashMap<String, KeyState>> {
-    let rows = sqlx::query(
-        "SELECT tenant, key, status, attempts, result_body, \
-                (status = 'unknown' AND lease_until IS NULL) AS held \
-         FROM dedupq_keys",
-    )
-    .fetch_all(pool)
+    let rows = super::pg_faults::through_restarts(|| {
+        sqlx::query(
+            "SELECT tenant, key, status, attempts, result_body, \
+                    (status = 'unknown' AND lease_until IS NULL) AS held \
+             FROM dedupq_keys",
+        )
+        .fetch_all(pool)
+    })
     .await?;
     Ok(rows
         .iter()
