@@ -159,6 +159,10 @@ impl Guard {
     }
 }
 
+/// A pooled connection older than this is closed instead of reused
+/// (sqlx's default lifetime, checked by dedupq itself).
+const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
 impl Store {
     /// Builds the pool without touching the network, so a process can start
     /// (and report not-ready) while PostgreSQL is still down.
@@ -193,13 +197,22 @@ impl Store {
             // each would fail one statement otherwise. One idle past
             // store.idle_timeout is too: a middlebox may have forgotten its
             // flow, and a statement sent over it would wait for the
-            // kernel's retransmission timeout. A check of their age and
-            // idle time only, no round trip.
-            .idle_timeout(idle_timeout)
+            // kernel's retransmission timeout. So is one older than
+            // MAX_LIFETIME. A check of their age and idle time only, no
+            // round trip.
+            //
+            // sqlx's own idle timeout and lifetime stay off: its reaper
+            // takes every idle connection it does not close and puts it
+            // back as if just used, so the idle time this check reads
+            // would never pass the reaper's period, and a connection idle
+            // for an hour would be used over a flow forgotten long ago.
+            .idle_timeout(None)
+            .max_lifetime(None)
             .before_acquire(move |_, meta| {
                 let keep = fresh.still_good(meta.age)
                     && fresh.used_since_an_end(meta.idle_for)
-                    && meta.idle_for < idle_timeout;
+                    && meta.idle_for < idle_timeout
+                    && meta.age < MAX_LIFETIME;
                 Box::pin(async move { Ok(keep) })
             })
             // One round trip per new connection, in its first moment.

@@ -202,6 +202,19 @@ async fn a_connection_whose_flow_was_forgotten_while_idle_is_never_used_again() 
     );
 }
 
+/// sqlx's own reaper takes every idle connection it does not close and
+/// puts it back as if just used, so the idle time `store.idle_timeout` is
+/// checked against never passes the reaper's period: with it running, the
+/// test above used the forgotten flow in about half its runs, as the
+/// reaper's timer fell. dedupq's pool has none.
+#[tokio::test]
+async fn the_pool_runs_no_reaper_that_would_make_idle_connections_look_fresh() {
+    let (store, _) = isolated_store().await;
+    let options = store.pool().options();
+    assert_eq!(options.get_idle_timeout(), None, "no idle reaper");
+    assert_eq!(options.get_max_lifetime(), None, "no lifetime reaper");
+}
+
 /// A flow lost under a statement (a server gone without a reset, a cut
 /// path): no answer ever comes. Past `store.statement_deadline` the
 /// statement fails like a broken connection, its connection is dropped,
