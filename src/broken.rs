@@ -38,11 +38,15 @@ pub(crate) enum Break {
     /// probe, a fault, a 409) gives its number back, so the next request
     /// of the key carries the same `X-Dedupq-Attempt`.
     SentAttemptGivenBack,
+    /// A store fault that passes (a read-only server, a lost connection,
+    /// a timeout) is taken as final: what it met is dead-lettered or
+    /// given up instead of waiting for PostgreSQL.
+    StoreFaultsFinal,
 }
 
 #[cfg(feature = "broken")]
 impl Break {
-    const ALL: [(&'static str, Break); 8] = [
+    const ALL: [(&'static str, Break); 9] = [
         ("no-fencing", Break::NoFencing),
         ("claim-after-work", Break::ClaimAfterWork),
         ("no-upkeep-lock", Break::NoUpkeepLock),
@@ -51,6 +55,7 @@ impl Break {
         ("no-trace-propagation", Break::NoTracePropagation),
         ("no-lease-check", Break::NoLeaseCheck),
         ("sent-attempt-given-back", Break::SentAttemptGivenBack),
+        ("store-faults-final", Break::StoreFaultsFinal),
     ];
 }
 

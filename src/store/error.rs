@@ -103,6 +103,9 @@ pub enum StoreError {
 impl StoreError {
     /// True when the same call may succeed later without any change.
     pub fn is_transient(&self) -> bool {
+        if crate::broken::is(crate::broken::Break::StoreFaultsFinal) {
+            return false;
+        }
         matches!(
             self,
             StoreError::Unavailable(_)

@@ -12,6 +12,7 @@ pub mod kafka_raw;
 pub mod outage;
 pub mod payments;
 pub mod pg_faults;
+pub mod pg_pair;
 pub mod pooler;
 pub mod private_rabbit;
 pub mod process;
