@@ -256,6 +256,37 @@ pub async fn wait_committed_to_end(
     .await
 }
 
+/// Produces payments `pay-0` … `pay-{n-1}` of `tenant` (bodies from
+/// `body`) to `topic`, spread over its `partitions`, one every `pace`, in a
+/// task of its own, so that they keep coming while a test does something
+/// to the processes consuming them.
+pub fn paced_payments(
+    topic: &str,
+    partitions: i32,
+    tenant: &str,
+    n: usize,
+    pace: Duration,
+    body: impl Fn(usize) -> Vec<u8> + Send + 'static,
+) -> JoinHandle<()> {
+    let (topic, tenant) = (topic.to_string(), tenant.to_string());
+    tokio::spawn(async move {
+        let producer = producer();
+        for k in 0..n {
+            let partition = (k % partitions as usize) as i32;
+            let key = format!("pay-{k}");
+            produce(
+                &producer,
+                &topic,
+                partition,
+                &headers(&tenant, &key),
+                &body(k),
+            )
+            .await;
+            tokio::time::sleep(pace).await;
+        }
+    })
+}
+
 /// Consumer settings for tests: short timers so rebalances and commits
 /// happen in a second or two.
 pub fn settings(topic: &str, group: &str) -> KafkaSettings {

@@ -527,6 +527,17 @@ impl Provider {
             .expect("stats JSON")
     }
 
+    /// `n` payments were charged, each once: `n` charges under `n` keys.
+    pub async fn charged_once_each(&self, n: usize) {
+        let stats = self.stats().await;
+        assert_eq!(
+            stats.charges, n as i64,
+            "every payment charged exactly once"
+        );
+        assert_eq!(stats.keys, n as i64, "one key per payment");
+        assert_eq!(stats.double_charged, 0, "no key charged twice");
+    }
+
     /// Charges made with this idempotency key (the derived key `tenant:key`).
     pub async fn charges_for(&self, derived_key: &str) -> Vec<Charge> {
         let v: Value = self

@@ -170,24 +170,7 @@ async fn two_processes_in_one_group_one_killed_mid_stream_every_payment_charged_
     let b = Dedupq::start(&config).await;
 
     const N: usize = 160;
-    let feed = {
-        let topic = topic.clone();
-        tokio::spawn(async move {
-            let producer = kafka::producer();
-            for k in 0..N {
-                let p = (k % 4) as i32;
-                produce(
-                    &producer,
-                    &topic,
-                    p,
-                    &headers(TENANT, &format!("pay-{k}")),
-                    &body(k),
-                )
-                .await;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let feed = kafka::paced_payments(&topic, 4, TENANT, N, Duration::from_millis(10), body);
     eventually(Duration::from_secs(60), "a quarter charged", || async {
         (provider.stats().await.charges >= (N / 4) as i64).then_some(())
     })
@@ -196,13 +179,7 @@ async fn two_processes_in_one_group_one_killed_mid_stream_every_payment_charged_
     feed.await.expect("producer task");
 
     kafka::wait_committed_to_end(&group, &topic, 4, Duration::from_secs(90)).await;
-    let stats = provider.stats().await;
-    assert_eq!(
-        stats.charges, N as i64,
-        "every payment charged exactly once"
-    );
-    assert_eq!(stats.keys, N as i64);
-    assert_eq!(stats.double_charged, 0);
+    provider.charged_once_each(N).await;
     assert_eq!(
         finished(&store).await,
         N as i64,

@@ -4,7 +4,7 @@
 //! member in name only.
 
 use super::common::{body, TENANT};
-use crate::support::kafka::{self, headers, produce};
+use crate::support::kafka;
 use crate::support::process::{base_config, Dedupq, Provider};
 use crate::support::{eventually, isolated_store, unique};
 use dedupq_provider::Knobs;
@@ -37,23 +37,7 @@ async fn a_process_fenced_by_another_with_its_group_instance_id_stops_and_names_
     // Payments keep coming while the second process joins, so that the
     // fenced one has batches in flight.
     const N: usize = 120;
-    let feed = {
-        let topic = topic.clone();
-        tokio::spawn(async move {
-            let producer = kafka::producer();
-            for k in 0..N {
-                produce(
-                    &producer,
-                    &topic,
-                    (k % 2) as i32,
-                    &headers(TENANT, &format!("pay-{k}")),
-                    &body(k),
-                )
-                .await;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let feed = kafka::paced_payments(&topic, 2, TENANT, N, Duration::from_millis(20), body);
     eventually(
         Duration::from_secs(60),
         "the first process charging",
@@ -76,13 +60,7 @@ async fn a_process_fenced_by_another_with_its_group_instance_id_stops_and_names_
     feed.await.expect("producer task");
 
     kafka::wait_committed_to_end(&group, &topic, 2, Duration::from_secs(90)).await;
-    let stats = provider.stats().await;
-    assert_eq!(
-        stats.charges, N as i64,
-        "every payment charged exactly once"
-    );
-    assert_eq!(stats.keys, N as i64);
-    assert_eq!(stats.double_charged, 0);
+    provider.charged_once_each(N).await;
     assert!(
         b.alive(),
         "the process that joined goes on:\n{}",
