@@ -40,8 +40,10 @@ async fn a_sync_request_charged_while_postgres_disk_fills_up_is_stored_whole_aft
 
 async fn charged_during(kind: StoreFault) {
     // Answers longer than a page (storing one needs a new page), 1 s after
-    // the charge: within the handler's timeout, and before a lease that no
-    // renewal keeps is cut (2 s after the claim).
+    // the charge: within the handler's timeout, and well before a lease
+    // that no renewal keeps is cut (5 s after the claim with the lease
+    // below; the harness's 3 s lease cut it 2 s after the claim, and on a
+    // loaded machine the answer could come later than that: 409).
     let provider = Provider::start(Knobs {
         latency: Duration::from_secs(1),
         answer_padding: LONG_ANSWER,
@@ -51,6 +53,7 @@ async fn charged_during(kind: StoreFault) {
     let (_, store) = isolated_store().await;
     let fault = StagedFault::stage(kind, &store).await;
     let mut s = settings(&fault.store_settings(&store), &provider, &scratch());
+    s.engine.lease = Duration::from_secs(6);
     s.handler.timeout = Duration::from_millis(2500);
     s.api.request_timeout = Duration::from_secs(6);
     let app = App::start(s).await;
