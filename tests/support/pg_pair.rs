@@ -6,6 +6,7 @@
 //! test runs as root; both stopped when dropped.
 
 use super::pooler::running_as_root;
+use super::small_disk::run;
 use super::unique;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -224,14 +225,4 @@ fn append(file: &Path, text: &str) {
         .expect("open the server's configuration");
     f.write_all(text.as_bytes())
         .expect("write the server's configuration");
-}
-
-fn run(command: &mut Command) {
-    let out = command.output().expect("run a PostgreSQL program");
-    assert!(
-        out.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

@@ -123,11 +123,13 @@ fn id(flag: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn run(command: &mut Command) {
+/// Runs `command` to its end; panics with its output if it fails.
+pub(super) fn run(command: &mut Command) {
     let out = command.output().expect("run the command");
     assert!(
         out.status.success(),
-        "{command:?}: {}",
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -151,21 +151,19 @@ impl Pump {
         }
         // The drain is bounded by kafka.drain_timeout, not watched.
         drop(heartbeat);
-        if let Some((code, reason)) = fatal {
+        let fatal = fatal.map(|(code, reason)| {
             tracing::error!(?code, %reason, "the Kafka consumer cannot go on: draining in-flight batches, then stopping");
             self.health
                 .set_down(Component::Kafka, format!("kafka client fatal: {reason}"));
-            let error = KafkaError::Fatal {
+            KafkaError::Fatal {
                 code,
                 reason,
                 group: self.settings.group_id.clone(),
                 instance: self.settings.client.get("group.instance.id").cloned(),
-            };
-            self.drain().await?;
-            return Err(error);
-        }
+            }
+        });
         self.drain().await?;
-        Ok(ended)
+        fatal.map_or(Ok(ended), Err)
     }
 
     /// Whether no broker has been reached for `kafka.restart_after_down`
