@@ -42,11 +42,14 @@ pub(crate) enum Break {
     /// a timeout) is taken as final: what it met is dead-lettered or
     /// given up instead of waiting for PostgreSQL.
     StoreFaultsFinal,
+    /// A Kafka producer librdkafka made fatal is kept: every record it is
+    /// given fails until dedupq restarts.
+    FatalProducerKept,
 }
 
 #[cfg(feature = "broken")]
 impl Break {
-    const ALL: [(&'static str, Break); 9] = [
+    const ALL: [(&'static str, Break); 10] = [
         ("no-fencing", Break::NoFencing),
         ("claim-after-work", Break::ClaimAfterWork),
         ("no-upkeep-lock", Break::NoUpkeepLock),
@@ -56,6 +59,7 @@ impl Break {
         ("no-lease-check", Break::NoLeaseCheck),
         ("sent-attempt-given-back", Break::SentAttemptGivenBack),
         ("store-faults-final", Break::StoreFaultsFinal),
+        ("fatal-producer-kept", Break::FatalProducerKept),
     ];
 }
 

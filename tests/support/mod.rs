@@ -8,6 +8,7 @@ pub mod endpoints;
 pub mod forward;
 pub mod handlers;
 pub mod kafka;
+pub mod kafka_acl;
 pub mod kafka_raw;
 pub mod outage;
 pub mod payments;

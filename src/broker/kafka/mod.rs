@@ -4,5 +4,7 @@
 
 mod client;
 pub mod headers;
+mod renewing;
 
 pub use client::{admin, client, consumer, producer, reader, Producing};
+pub use renewing::Renewing;

@@ -35,7 +35,6 @@ use context::Context;
 use ledger::Ledger;
 use outbox::Outbox;
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::FutureProducer;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -93,9 +92,9 @@ async fn consume(
         .create_with_context(context)
         .map_err(KafkaError::Client)?;
     let consumer = Arc::new(consumer);
-    let producer: FutureProducer = broker::kafka::producer(settings, Producing::Outbox)
-        .create()
-        .map_err(KafkaError::Client)?;
+    let producer =
+        broker::kafka::Renewing::new(broker::kafka::producer(settings, Producing::Outbox))
+            .map_err(KafkaError::Client)?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(KafkaError::Subscribe)?;
     tracing::info!(topics = ?settings.topics, group = %settings.group_id, "kafka consumer subscribed");

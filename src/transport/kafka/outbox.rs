@@ -4,10 +4,10 @@
 
 use super::error::ProduceError;
 use crate::backoff::Backoff;
-use crate::broker::kafka::headers;
+use crate::broker::kafka::{headers, Renewing};
 use crate::engine::Header;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -33,7 +33,9 @@ pub(super) enum Persist {
 }
 
 pub(super) struct Outbox {
-    pub producer: FutureProducer,
+    /// Replaced when librdkafka makes it fatal: a dead letter waits for
+    /// the new client, not for a restart.
+    pub producer: Renewing,
     /// Longest wait for room in librdkafka's local queue.
     pub queue_timeout: Duration,
     pub shutdown: CancellationToken,
@@ -52,8 +54,8 @@ impl Outbox {
                 _ = self.shutdown.cancelled() => return Err(shutdown(record)),
             };
             let source = match sent {
-                Ok(_) => return Ok(()),
-                Err((source, _)) => source,
+                Ok(()) => return Ok(()),
+                Err(source) => source,
             };
             let error = ProduceError::Delivery {
                 topic: record.topic.clone(),

@@ -8,6 +8,7 @@ mod crashes;
 mod dead_letter_fit;
 mod dead_letters;
 mod duplicates;
+mod fatal_producer;
 mod late_cluster;
 mod poison;
 mod rebalance;

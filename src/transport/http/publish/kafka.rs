@@ -2,15 +2,17 @@
 //! once every in-sync replica has it (`broker::kafka::producer`).
 
 use super::PublishError;
-use crate::broker::kafka::{self, headers, Producing};
+use crate::broker::kafka::{self, headers, Producing, Renewing};
 use crate::config::KafkaSettings;
 use crate::message::Header;
 use crate::transport::http::decide::Publication;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 
 pub(crate) struct KafkaPublisher {
-    producer: FutureProducer,
+    /// Replaced when librdkafka makes it fatal: the next request is
+    /// published on the new client.
+    producer: Renewing,
     /// Longest wait for room in librdkafka's local queue.
     queue_timeout: Duration,
 }
@@ -18,7 +20,7 @@ pub(crate) struct KafkaPublisher {
 impl KafkaPublisher {
     pub(crate) fn new(s: &KafkaSettings) -> Result<Self, rdkafka::error::KafkaError> {
         Ok(Self {
-            producer: kafka::producer(s, Producing::Api).create()?,
+            producer: Renewing::new(kafka::producer(s, Producing::Api))?,
             queue_timeout: s.produce_timeout,
         })
     }
@@ -42,8 +44,7 @@ impl KafkaPublisher {
         self.producer
             .send(record, self.queue_timeout)
             .await
-            .map(|_| ())
-            .map_err(|(source, _)| PublishError::Kafka {
+            .map_err(|source| PublishError::Kafka {
                 topic: topic.to_string(),
                 source,
             })
