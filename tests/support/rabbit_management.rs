@@ -120,3 +120,39 @@ pub async fn close_connection(connection: &serde_json::Value) {
         .and_then(reqwest::Response::error_for_status)
         .expect("management API: close a connection");
 }
+
+/// `PUT /api/users/<name>`: a user without tags (no management access).
+pub async fn put_user(name: &str, password: &str) {
+    client()
+        .put(format!("{}/api/users/{name}", api()))
+        .basic_auth("guest", Some("guest"))
+        .json(&serde_json::json!({ "password": password, "tags": "" }))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("management API: put user");
+}
+
+/// `DELETE /api/users/<name>` (best effort).
+pub async fn delete_user(name: &str) {
+    let _ = client()
+        .delete(format!("{}/api/users/{name}", api()))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await;
+}
+
+/// `PUT /api/permissions/%2f/<user>`: what `user` may configure, write
+/// and read in the default virtual host, each a regular expression over
+/// resource names. A channel keeps the checks it passed: a change binds
+/// new channels.
+pub async fn put_permissions(user: &str, configure: &str, write: &str, read: &str) {
+    client()
+        .put(format!("{}/api/permissions/%2f/{user}", api()))
+        .basic_auth("guest", Some("guest"))
+        .json(&serde_json::json!({ "configure": configure, "write": write, "read": read }))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("management API: put permissions");
+}

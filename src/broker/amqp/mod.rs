@@ -7,4 +7,4 @@ mod publish;
 pub mod raw;
 
 pub use connect::{connect, ConnectError};
-pub use publish::{Outgoing, Pending, PublishError, Publisher};
+pub use publish::{Outgoing, Pending, PublishError, Publisher, Reopening};

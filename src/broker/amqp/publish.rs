@@ -3,8 +3,10 @@
 //! a queue (mandatory).
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ErrorKind, PublisherConfirm};
+use std::sync::Arc;
 
 /// One message to publish.
 #[derive(Debug, Clone)]
@@ -62,6 +64,18 @@ impl PublishError {
     /// clears).
     pub fn may_have_reached_the_broker(&self) -> bool {
         matches!(self, PublishError::Channel { op, .. } if *op == CONFIRM_WAIT)
+    }
+
+    /// Whether the broker closed the channel with 403 ACCESS_REFUSED: the
+    /// user may not publish there (no `write` on the exchange). It closes
+    /// the channel, not the connection, and stays so until an operator
+    /// grants the permission.
+    pub fn access_refused(&self) -> bool {
+        let PublishError::Channel { source, .. } = self else {
+            return false;
+        };
+        matches!(source.kind(), ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)))
     }
 }
 
@@ -157,6 +171,40 @@ impl Publisher {
             destination: out.destination(),
             confirm,
         })
+    }
+}
+
+/// A [`Publisher`] whose channel is opened again on the same connection
+/// once the broker has closed it: a refused publish closes its channel,
+/// and the connection and the consumers on it go on.
+pub struct Reopening {
+    connection: Arc<Connection>,
+    current: tokio::sync::Mutex<Publisher>,
+}
+
+impl Reopening {
+    pub async fn open(connection: Arc<Connection>) -> Result<Self, PublishError> {
+        let publisher = Publisher::open(&connection).await?;
+        Ok(Self {
+            connection,
+            current: tokio::sync::Mutex::new(publisher),
+        })
+    }
+
+    /// The publisher in use, whatever the state of its channel.
+    pub async fn current(&self) -> Publisher {
+        self.current.lock().await.clone()
+    }
+
+    /// The publisher in use, on a new channel if the broker closed the
+    /// old one while the connection lives.
+    pub async fn live(&self) -> Result<Publisher, PublishError> {
+        let mut current = self.current.lock().await;
+        if !current.is_open() && self.connection.status().connected() {
+            *current = Publisher::open(&self.connection).await?;
+            tracing::info!("opened a new publishing channel; the broker had closed the last one");
+        }
+        Ok(current.clone())
     }
 }
 

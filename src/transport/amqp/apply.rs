@@ -4,12 +4,22 @@
 //! failure is counted and the delivery acked anyway (the outcome is stored
 //! and a duplicate replays it), so a bad reply address never stalls the
 //! queue.
+//!
+//! A dead letter RabbitMQ refuses (403: the user lost `write` on the
+//! dead-letter exchange) closes the publishing channel, not the
+//! connection. Ending the session would bring the message back first in
+//! the queue, to be refused again, one session after another, with the
+//! queue behind it waiting. Instead its delivery is parked: published to
+//! the delay queue unchanged (its trip not counted), acked once that is
+//! confirmed, and dead-lettered again when it comes back after
+//! `amqp.retry_delay_max`; the queue goes on meanwhile. What else failed
+//! on the closed channel is published again on a new one.
 
 use super::delivery::Meta;
 use super::error::AmqpError;
 use super::headers::{self as h, table_of};
 use crate::backoff::Backoff;
-use crate::broker::amqp::{Outgoing, Publisher};
+use crate::broker::amqp::{Outgoing, PublishError, Reopening};
 use crate::config::AmqpSettings;
 use crate::engine::{Action, Decision, Incoming};
 use crate::message::Transport;
@@ -28,16 +38,23 @@ const REPLY_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration
 pub(super) struct Applier<'a> {
     pub settings: &'a AmqpSettings,
     pub queue: &'a str,
-    pub publisher: &'a Publisher,
+    pub publisher: &'a Reopening,
     pub metrics: &'a Metrics,
 }
 
 /// What one delivery needs published before its ack.
 enum Plan {
     Nothing,
-    /// Must be confirmed, or the delivery stays unacked. The label is the
-    /// dead-letter reason, counted once confirmed.
-    Required(Outgoing, Option<&'static str>),
+    /// Must be confirmed, or the delivery stays unacked.
+    Required(Outgoing),
+    /// A dead letter, counted under its reason once confirmed. If RabbitMQ
+    /// refuses it, `parked` (the message as it came, for the delay queue)
+    /// is published instead.
+    DeadLetter {
+        out: Outgoing,
+        reason: &'static str,
+        parked: Box<Outgoing>,
+    },
     /// Tried; a refusal is counted, not fatal.
     Reply(Outgoing),
 }
@@ -62,27 +79,48 @@ impl Applier<'_> {
         let required: Vec<&Outgoing> = plans
             .iter()
             .filter_map(|p| match p {
-                Plan::Required(out, _) => Some(out),
+                Plan::Required(out) | Plan::DeadLetter { out, .. } => Some(out),
                 _ => None,
             })
             .collect();
-        let mut confirmed = self.publisher.publish_all(&required).await.into_iter();
+        let publisher = self.publisher.current().await;
+        let mut confirmed = publisher.publish_all(&required).await.into_iter();
         let mut first_error = None;
         let mut done = Vec::with_capacity(metas.len());
         for (meta, plan) in metas.iter().zip(&plans) {
-            match plan {
-                Plan::Required(_, counted) => {
-                    if let Some(Err(e)) = confirmed.next().map(|r| r.map_err(AmqpError::from)) {
-                        tracing::warn!(queue = self.queue, delivery_tag = meta.delivery_tag, error = %crate::telemetry::chain(&e), "publish failed; delivery stays unacked");
-                        first_error.get_or_insert(e);
-                        continue;
-                    }
-                    if let Some(reason) = counted {
-                        self.metrics.dead_letters.with_label_values(&[reason]).inc();
+            let published = match plan {
+                Plan::Required(out) => match confirmed.next() {
+                    Some(Err(e)) => self.again(out, e).await,
+                    _ => Ok(()),
+                },
+                Plan::DeadLetter {
+                    out,
+                    reason,
+                    parked,
+                } => {
+                    let sent = match confirmed.next() {
+                        Some(Err(e)) => self.again(out, e).await,
+                        _ => Ok(()),
+                    };
+                    match sent {
+                        Ok(()) => {
+                            self.metrics.dead_letters.with_label_values(&[reason]).inc();
+                            Ok(())
+                        }
+                        Err(e) if e.access_refused() => self.park(meta, reason, parked, e).await,
+                        Err(e) => Err(e),
                     }
                 }
-                Plan::Reply(out) => self.reply(out).await,
-                Plan::Nothing => {}
+                Plan::Reply(out) => {
+                    self.reply(out).await;
+                    Ok(())
+                }
+                Plan::Nothing => Ok(()),
+            };
+            if let Err(e) = published.map_err(AmqpError::from) {
+                tracing::warn!(queue = self.queue, delivery_tag = meta.delivery_tag, error = %crate::telemetry::chain(&e), "publish failed; delivery stays unacked");
+                first_error.get_or_insert(e);
+                continue;
             }
             done.push(meta);
         }
@@ -101,10 +139,49 @@ impl Applier<'_> {
         (acked, first_error.map_or(Ok(()), Err))
     }
 
+    /// `out` once more, alone, after `failed`: if the broker closed the
+    /// publishing channel (this publish was refused, or another one sent
+    /// on it), on a new channel. `failed` stands when the channel lives
+    /// (a nack, a return) or the connection is gone.
+    async fn again(&self, out: &Outgoing, failed: PublishError) -> Result<(), PublishError> {
+        let publisher = self.publisher.live().await?;
+        if !matches!(failed, PublishError::Channel { .. }) || !publisher.is_open() {
+            return Err(failed);
+        }
+        publisher.publish(out).await
+    }
+
+    /// The dead letter was refused: the message goes to the delay queue
+    /// unchanged, and is dead-lettered again when it comes back.
+    async fn park(
+        &self,
+        meta: &Meta,
+        reason: &str,
+        parked: &Outgoing,
+        refused: PublishError,
+    ) -> Result<(), PublishError> {
+        let publisher = self.publisher.live().await?;
+        publisher.publish(parked).await?;
+        tracing::error!(
+            queue = self.queue,
+            delivery_tag = meta.delivery_tag,
+            reason,
+            exchange = %self.settings.dead_letter_exchange,
+            error = %crate::telemetry::chain(&refused),
+            retry_in = ?self.settings.retry_delay_max,
+            "RabbitMQ refused the dead letter (grant this user `write` on the dead-letter exchange); the message waits in the delay queue and is dead-lettered again when it comes back"
+        );
+        Ok(())
+    }
+
     /// A reply, tried a few times; never fails the delivery.
     async fn reply(&self, out: &Outgoing) {
         for attempt in 1..=REPLY_TRIES {
-            match self.publisher.publish_all(&[out]).await.remove(0) {
+            let sent = match self.publisher.live().await {
+                Ok(publisher) => publisher.publish(out).await,
+                Err(e) => Err(e),
+            };
+            match sent {
                 Ok(()) => return,
                 Err(e) if attempt == REPLY_TRIES => {
                     self.metrics
@@ -165,32 +242,48 @@ impl Applier<'_> {
                     &origin,
                     meta.first_seen,
                 );
+                // Not a trip: the message was not tried, only refused a
+                // place in the dead-letter queue.
+                let parked = Box::new(self.delayed(
+                    msg.body.clone(),
+                    meta,
+                    meta.trips,
+                    self.settings.retry_delay_max,
+                ));
                 let out = Outgoing {
                     exchange: self.settings.dead_letter_exchange.clone(),
                     routing_key: self.queue.to_string(),
                     payload: msg.body,
                     properties: h::republished(&meta.properties, &own),
                 };
-                Plan::Required(out, Some(reason.label()))
+                Plan::DeadLetter {
+                    out,
+                    reason: reason.label(),
+                    parked,
+                }
             }
             Action::RetryLater { after } | Action::Postpone { after } => {
                 // A postponed message was not tried: its trip is not counted.
                 let counted = matches!(decision.action, Action::RetryLater { .. });
                 let trip = meta.trips.saturating_add(u32::from(counted));
                 let wait = self.settings.retry_delay(trip, *after);
-                let extra = vec![
-                    (h::TRIPS, trip.to_string()),
-                    (h::FIRST_SEEN, envelope::rfc3339(meta.first_seen)),
-                ];
-                let out = Outgoing {
-                    exchange: String::new(),
-                    routing_key: self.settings.delay_queue(self.queue),
-                    payload: msg.body,
-                    properties: h::republished(&meta.properties, &extra)
-                        .with_expiration(h::expiration(wait)),
-                };
-                Plan::Required(out, None)
+                Plan::Required(self.delayed(msg.body, meta, trip, wait))
             }
+        }
+    }
+
+    /// `body` for this queue's delay queue, back in `wait`, as trip `trip`.
+    fn delayed(&self, body: Vec<u8>, meta: &Meta, trip: u32, wait: Duration) -> Outgoing {
+        let extra = vec![
+            (h::TRIPS, trip.to_string()),
+            (h::FIRST_SEEN, envelope::rfc3339(meta.first_seen)),
+        ];
+        Outgoing {
+            exchange: String::new(),
+            routing_key: self.settings.delay_queue(self.queue),
+            payload: body,
+            properties: h::republished(&meta.properties, &extra)
+                .with_expiration(h::expiration(wait)),
         }
     }
 

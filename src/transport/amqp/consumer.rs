@@ -8,7 +8,7 @@ use super::delivery::receive;
 use super::error::AmqpError;
 use super::progress::Progress;
 use crate::backoff;
-use crate::broker::amqp::Publisher;
+use crate::broker::amqp::Reopening;
 use crate::config::AmqpSettings;
 use crate::engine::{Decision, Incoming, Pipeline};
 use crate::liveness::Heartbeat;
@@ -42,7 +42,7 @@ struct QueueContext {
     queue: String,
     settings: Arc<AmqpSettings>,
     pipeline: Arc<dyn Pipeline>,
-    publisher: Publisher,
+    publisher: Reopening,
     progress: Arc<Progress>,
     acked: AtomicUsize,
 }
@@ -50,14 +50,14 @@ struct QueueContext {
 impl Worker {
     /// Opens the worker's channels and starts consuming.
     pub(super) async fn start(
-        connection: &Connection,
+        connection: &Arc<Connection>,
         queue: &str,
         settings: Arc<AmqpSettings>,
         pipeline: Arc<dyn Pipeline>,
         progress: Arc<Progress>,
         cautious: bool,
     ) -> Result<Self, AmqpError> {
-        let publisher = Publisher::open(connection).await?;
+        let publisher = Reopening::open(connection.clone()).await?;
         let channel = connection
             .create_channel()
             .await

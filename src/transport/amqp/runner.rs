@@ -100,7 +100,9 @@ impl Session {
     ) -> (Result<(), AmqpError>, bool) {
         let connection = tokio::select! {
             c = connect(&self.settings, &self.settings.connection_name) => match c {
-                Ok(c) => c,
+                // Shared with the workers, which open publishing channels
+                // again on it.
+                Ok(c) => Arc::new(c),
                 Err(e) => return (Err(e.into()), false),
             },
             _ = shutdown.cancelled() => return (Ok(()), false),
@@ -124,7 +126,7 @@ impl Session {
 
     async fn consume(
         &self,
-        connection: &Connection,
+        connection: &Arc<Connection>,
         shutdown: &CancellationToken,
         cautious: bool,
         established: &mut bool,
@@ -177,6 +179,14 @@ impl Session {
                     stop.cancel();
                 }
                 Some(event) = events.next(), if !stop.is_cancelled() => match event {
+                    // The broker closed one channel (a refused publish
+                    // closes the publishing channel); the connection and
+                    // the other channels go on. Whoever uses that channel
+                    // sees it on its next call: the publisher opens a new
+                    // one, a consumer's stream ends, which ends the session.
+                    Event::Error(e) if e.is_amqp_soft_error() => {
+                        tracing::debug!(error = %e, "RabbitMQ closed a channel");
+                    }
                     Event::Error(e) => {
                         first_error.get_or_insert(AmqpError::ConnectionLost(e));
                         stop.cancel();

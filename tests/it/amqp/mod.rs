@@ -7,6 +7,7 @@ mod crash;
 mod cross_transport;
 mod duplicates;
 mod in_flight;
+mod permissions;
 mod poison;
 mod refused_replies;
 mod secrets;
