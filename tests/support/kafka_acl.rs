@@ -26,6 +26,7 @@ pub enum Resource<'a> {
 #[derive(Debug, Clone, Copy)]
 pub enum Operation {
     All,
+    Read,
     Write,
     IdempotentWrite,
 }
@@ -49,6 +50,7 @@ impl Operation {
         use rd::rd_kafka_AclOperation_t as O;
         match self {
             Operation::All => O::RD_KAFKA_ACL_OPERATION_ALL,
+            Operation::Read => O::RD_KAFKA_ACL_OPERATION_READ,
             Operation::Write => O::RD_KAFKA_ACL_OPERATION_WRITE,
             Operation::IdempotentWrite => O::RD_KAFKA_ACL_OPERATION_IDEMPOTENT_WRITE,
         }
@@ -302,11 +304,27 @@ pub async fn remove(user: &str, permission: Permission) {
     .expect("the ACL request");
 }
 
-/// `[kafka.client]` of a SASL_SSL client that logs in as `user` (the
-/// password comes from `[kafka] sasl_password_file` or the environment).
-pub fn client_as(user: &str) -> std::collections::BTreeMap<String, String> {
+/// `base` plus a `[kafka]` section consuming `topic` as `group` through
+/// the SASL_SSL listener, logged in as `user` (whose password is the
+/// services' SCRAM user's, from its file).
+pub fn with_kafka_as(base: &toml::Table, topic: &str, group: &str, user: &str) -> toml::Table {
     let ep = endpoints();
+    let mut config = super::kafka::with_kafka(
+        base,
+        topic,
+        group,
+        &format!(
+            "[client_files]\n\"sasl.password\" = \"{}\"\n",
+            ep.get("KAFKA_SASL_PASSWORD_FILE")
+        ),
+    );
+    let section = config["kafka"].as_table_mut().expect("a kafka section");
+    section.insert("brokers".into(), ep.get("KAFKA_SASL_BROKERS").into());
     let mut client = ep.kafka_client(&ep.ca());
     client.insert("sasl.username".into(), user.to_string());
-    client
+    section.insert(
+        "client".into(),
+        toml::Value::try_from(client).expect("client settings"),
+    );
+    config
 }

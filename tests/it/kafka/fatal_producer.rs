@@ -47,20 +47,11 @@ async fn a_producer_the_broker_made_fatal_is_replaced_and_the_dead_letter_lands_
     let provider = Provider::start(Knobs::default()).await;
     let (topic, dlq) = kafka::topics("refused", 1).await;
     let group = unique("g");
-    let mut config = kafka::with_kafka(
+    let config = kafka_acl::with_kafka_as(
         &base_config(&store_settings, &provider),
         &topic,
         &group,
-        &format!(
-            "[client_files]\n\"sasl.password\" = \"{}\"\n",
-            ep.get("KAFKA_SASL_PASSWORD_FILE")
-        ),
-    );
-    let section = config["kafka"].as_table_mut().unwrap();
-    section.insert("brokers".into(), ep.get("KAFKA_SASL_BROKERS").into());
-    section.insert(
-        "client".into(),
-        toml::Value::try_from(kafka_acl::client_as(&user)).unwrap(),
+        &user,
     );
     let mut dedupq = Dedupq::start(&config).await;
 

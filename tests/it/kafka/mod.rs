@@ -12,6 +12,7 @@ mod fatal_producer;
 mod late_cluster;
 mod poison;
 mod rebalance;
+mod refused_reads;
 mod replies;
 mod retries;
 mod shutdown;
