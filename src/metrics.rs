@@ -58,6 +58,11 @@ pub struct Inner {
     pub store_errors: IntCounterVec,
     /// `dedupq_dead_letters_total{reason}`: dead letters by reason.
     pub dead_letters: IntCounterVec,
+    /// `dedupq_dead_letters_failed_total{transport}`: tries to publish a
+    /// dead letter that the broker did not confirm (refused it, or was
+    /// out of reach). The message waits: on Kafka its partition holds at
+    /// it, on RabbitMQ it is parked in the delay queue or comes back.
+    pub dead_letters_failed: IntCounterVec,
     /// `dedupq_kafka_consumer_lag{topic, partition}`: high watermark minus
     /// committed offset.
     pub consumer_lag: IntGaugeVec,
@@ -236,6 +241,13 @@ impl Metrics {
                 ),
                 &["reason"]
             )),
+            dead_letters_failed: register!(IntCounterVec::new(
+                Opts::new(
+                    "dedupq_dead_letters_failed_total",
+                    "Dead-letter publishes the broker did not confirm; the message waits and is tried again"
+                ),
+                &["transport"]
+            )),
             consumer_lag: register!(IntGaugeVec::new(
                 Opts::new(
                     "dedupq_kafka_consumer_lag",
@@ -357,6 +369,8 @@ impl Inner {
         }
         for transport in Transport::BROKERS {
             self.replies_failed.with_label_values(&[transport.label()]);
+            self.dead_letters_failed
+                .with_label_values(&[transport.label()]);
             self.stalled_lanes.with_label_values(&[transport.label()]);
         }
         self.build_info

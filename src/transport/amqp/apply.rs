@@ -102,6 +102,12 @@ impl Applier<'_> {
                         Some(Err(e)) => self.again(out, e).await,
                         _ => Ok(()),
                     };
+                    if sent.is_err() {
+                        self.metrics
+                            .dead_letters_failed
+                            .with_label_values(&[Transport::Amqp.label()])
+                            .inc();
+                    }
                     match sent {
                         Ok(()) => {
                             self.metrics.dead_letters.with_label_values(&[reason]).inc();

@@ -29,6 +29,7 @@ use crate::backoff::Gave;
 use crate::broker::{self, kafka::Producing};
 use crate::engine::Pipeline;
 use crate::health::Health;
+use crate::message::Transport;
 use apply::BatchContext;
 use consumer::{Ended, KafkaConsumer, Pump};
 use context::Context;
@@ -98,12 +99,16 @@ async fn consume(
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(KafkaError::Subscribe)?;
     tracing::info!(topics = ?settings.topics, group = %settings.group_id, "kafka consumer subscribed");
+    let dead_letters_failed = metrics
+        .dead_letters_failed
+        .with_label_values(&[Transport::Kafka.label()]);
     let shared = Arc::new(BatchContext {
         metrics,
         pipeline,
         outbox: Outbox {
             producer,
             queue_timeout: settings.produce_timeout,
+            dead_letters_failed,
             // Cancelled by the drain when its bound is over, not at once:
             // dead letters in flight at shutdown still get confirmed.
             shutdown: CancellationToken::new(),

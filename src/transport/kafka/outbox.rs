@@ -6,6 +6,7 @@ use super::error::ProduceError;
 use crate::backoff::Backoff;
 use crate::broker::kafka::{headers, Renewing};
 use crate::engine::Header;
+use prometheus::IntCounter;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;
@@ -38,6 +39,9 @@ pub(super) struct Outbox {
     pub producer: Renewing,
     /// Longest wait for room in librdkafka's local queue.
     pub queue_timeout: Duration,
+    /// Counts each try of a dead letter that failed
+    /// (`dedupq_dead_letters_failed_total{transport="kafka"}`).
+    pub dead_letters_failed: IntCounter,
     pub shutdown: CancellationToken,
 }
 
@@ -62,8 +66,10 @@ impl Outbox {
                 permanent: is_permanent(&source),
                 source,
             };
-            if matches!(persist, Persist::Tries(n) if attempt >= n) {
-                return Err(error);
+            match persist {
+                Persist::Tries(n) if attempt >= n => return Err(error),
+                Persist::Tries(_) => {}
+                Persist::UntilConfirmed => self.dead_letters_failed.inc(),
             }
             let wait = BACKOFF.after_attempt(attempt);
             tracing::warn!(error = %crate::telemetry::chain(&error), retry_in = ?wait, "produce failed");

@@ -75,6 +75,23 @@ async fn a_dead_letter_refused_for_want_of_write_permission_lands_once_it_is_gra
         "one connection throughout: the refusals ended no session"
     );
 
+    let failed = h
+        .engine
+        .metrics()
+        .dead_letters_failed
+        .with_label_values(&["amqp"])
+        .get();
+    assert!(failed >= 2, "each refusal counted ({failed})");
+    assert_eq!(
+        h.engine
+            .metrics()
+            .dead_letters
+            .with_label_values(&["not_json"])
+            .get(),
+        0,
+        "a parked dead letter is not counted as dead-lettered"
+    );
+
     put_permissions(&user, ".*", ".*", ".*").await;
     let dead = h
         .client
@@ -82,6 +99,15 @@ async fn a_dead_letter_refused_for_want_of_write_permission_lands_once_it_is_gra
         .await;
     assert_eq!(dead[0].header("dedupq-reason").as_deref(), Some("not_json"));
     assert_eq!(dead[0].body, b"{not json");
+    assert_eq!(
+        h.engine
+            .metrics()
+            .dead_letters
+            .with_label_values(&["not_json"])
+            .get(),
+        1,
+        "counted once it landed"
+    );
     eventually(Duration::from_secs(30), "the work queue empty", || async {
         (h.client.ready(&q).await == 0).then_some(())
     })

@@ -87,6 +87,12 @@ async fn a_producer_the_broker_made_fatal_is_replaced_and_the_dead_letter_lands_
         "nothing could be written yet"
     );
 
+    let failed = r#"dedupq_dead_letters_failed_total{transport="kafka"}"#;
+    assert!(
+        dedupq.metric(failed).await >= 1.0,
+        "{failed} counts the tries"
+    );
+
     kafka_acl::remove(&user, Permission::Deny).await;
     let committed = kafka::wait_committed_to_end(&group, &topic, 1, Duration::from_secs(90)).await;
     assert_eq!(committed, [2]);
