@@ -75,6 +75,13 @@ async fn a_dead_letter_refused_for_want_of_write_permission_lands_once_it_is_gra
         "one connection throughout: the refusals ended no session"
     );
 
+    let dead_lettered = || {
+        h.engine
+            .metrics()
+            .dead_letters
+            .with_label_values(&["not_json"])
+            .get()
+    };
     let failed = h
         .engine
         .metrics()
@@ -83,11 +90,7 @@ async fn a_dead_letter_refused_for_want_of_write_permission_lands_once_it_is_gra
         .get();
     assert!(failed >= 2, "each refusal counted ({failed})");
     assert_eq!(
-        h.engine
-            .metrics()
-            .dead_letters
-            .with_label_values(&["not_json"])
-            .get(),
+        dead_lettered(),
         0,
         "a parked dead letter is not counted as dead-lettered"
     );
@@ -99,15 +102,7 @@ async fn a_dead_letter_refused_for_want_of_write_permission_lands_once_it_is_gra
         .await;
     assert_eq!(dead[0].header("dedupq-reason").as_deref(), Some("not_json"));
     assert_eq!(dead[0].body, b"{not json");
-    assert_eq!(
-        h.engine
-            .metrics()
-            .dead_letters
-            .with_label_values(&["not_json"])
-            .get(),
-        1,
-        "counted once it landed"
-    );
+    assert_eq!(dead_lettered(), 1, "counted once it landed");
     eventually(Duration::from_secs(30), "the work queue empty", || async {
         (h.client.ready(&q).await == 0).then_some(())
     })
